@@ -1,0 +1,40 @@
+"""Distributed locks for Django.
+
+>>> from django_distlock import lock
+>>> with lock("report:daily", ttl=60) as held:  # doctest: +SKIP
+...     held.fencing_token
+"""
+
+from .exceptions import (
+    LockBackendError,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+    StaleFencingToken,
+)
+from .handler import locks
+from .locking import Lock, lock, lock_for
+
+__all__ = [
+    "Lock",
+    "LockBackendError",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotHeld",
+    "StaleFencingToken",
+    "distributed_lock",
+    "lock",
+    "lock_for",
+    "locks",
+]
+
+
+def __getattr__(name: str):
+    # The view decorator pulls in django.http; import it only when asked.
+    if name == "distributed_lock":
+        from .decorators import distributed_lock
+
+        return distributed_lock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,258 @@
+"""The contract every lock backend fulfils.
+
+A backend is created once per ``LOCKS`` alias and process by
+:data:`django_distlock.locks` and is shared by every thread of the process.
+It hands out :class:`Lease` objects; the :class:`~django_distlock.locks.Lock`
+handle, the watchdog and the management command only ever talk to a backend
+through the methods below.
+
+Time arguments are seconds (floats). ``timeout`` follows :mod:`threading`:
+``None`` waits forever, ``0`` tries once, a positive number waits that long.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ..exceptions import LockNotHeld
+
+__all__ = ["BaseLockBackend", "Holder", "Lease", "holder_identity", "new_token"]
+
+DEFAULT_TTL = 30.0
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_KEY_PREFIX = "distlock"
+
+_HOST = socket.gethostname()
+
+
+def new_token() -> str:
+    """Return a fresh unguessable lease token (128 bits of randomness)."""
+    return secrets.token_urlsafe(16)
+
+
+def current_task_name() -> str | None:
+    """Return the name of the running asyncio task, or None outside one."""
+    try:
+        import asyncio
+
+        task = asyncio.current_task()
+    except RuntimeError:
+        return None
+    return task.get_name() if task is not None else None
+
+
+def holder_identity() -> tuple[str, int, str]:
+    """Return ``(host, pid, thread)`` describing the caller, for listings."""
+    thread = threading.current_thread().name
+    task = current_task_name()
+    if task is not None:
+        thread = f"{thread}/{task}"
+    return _HOST, os.getpid(), thread
+
+
+@dataclass(eq=False)
+class Lease:
+    """One acquisition of a lock, as a backend hands it out.
+
+    ``deadline`` is a :func:`time.monotonic` instant by which the lease has
+    surely expired unless renewed: it is measured from just before the
+    acquiring request was sent, so it errs early. ``state`` is private to the
+    backend that made the lease.
+    """
+
+    alias: str
+    name: str
+    token: str
+    fencing_token: int
+    ttl: float
+    deadline: float
+    acquired_at: float = field(default_factory=time.time)
+    pid: int = field(default_factory=os.getpid)
+    state: Any = None
+    lost: bool = False
+    lost_reported: bool = False
+
+    def remaining(self) -> float:
+        """Return the seconds left before the lease expires, as seen locally."""
+        return self.deadline - time.monotonic()
+
+    def check_owner_process(self) -> None:
+        """Raise LockNotHeld if called from a process other than the acquirer."""
+        if self.pid != os.getpid():
+            raise LockNotHeld(
+                f"Lock {self.name!r} was acquired in process {self.pid}; "
+                f"a forked child cannot release or extend it.",
+                name=self.name,
+            )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An active holder as a backend lists it (command, admin page)."""
+
+    backend: str
+    name: str
+    token: str
+    host: str = ""
+    pid: int | None = None
+    thread: str = ""
+    acquired_at: datetime | None = None
+    expires_at: datetime | None = None
+    fencing_token: int | None = None
+
+    @property
+    def holder(self) -> str:
+        """Return ``host:pid/thread`` for display."""
+        return f"{self.host}:{self.pid}/{self.thread}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (the token is never included)."""
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "holder": {"host": self.host, "pid": self.pid, "thread": self.thread},
+            "acquired_at": self.acquired_at.isoformat() if self.acquired_at else None,
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "fencing_token": self.fencing_token,
+        }
+
+
+class BaseLockBackend:
+    """Base class of lock backends: the contract, one method at a time.
+
+    Subclasses implement the synchronous methods; the ``a``-prefixed twins
+    default to running them in a thread and may be overridden by backends
+    with a native asyncio client.
+    """
+
+    #: True if the same owner may acquire a lock it already holds.
+    reentrant = False
+    #: True if fencing tokens survive server restarts and failovers, so that
+    #: ``save(fence=...)`` can rely on them.
+    durable_fencing = True
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        self.alias = alias
+        self.params = params
+        self.default_ttl = float(params.get("TTL", DEFAULT_TTL))
+        timeout = params.get("TIMEOUT", DEFAULT_TIMEOUT)
+        self.default_timeout = None if timeout is None else float(timeout)
+        self.auto_renew = bool(params.get("AUTO_RENEW", True))
+        self.key_prefix = str(params.get("KEY_PREFIX", DEFAULT_KEY_PREFIX))
+        self.options = dict(params.get("OPTIONS") or {})
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} alias={self.alias!r}>"
+
+    # -- the lock itself --------------------------------------------------
+
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        """Acquire ``name`` for ``ttl`` seconds, waiting up to ``timeout``.
+
+        Return the Lease, or None if the lock stayed busy for the whole wait.
+        Raise LockBackendError if the backend cannot be reached.
+        """
+        raise NotImplementedError(
+            "subclasses of BaseLockBackend must provide an acquire() method"
+        )
+
+    def release(self, lease: Lease) -> bool:
+        """Release ``lease``; return False if it was no longer held by its owner."""
+        raise NotImplementedError(
+            "subclasses of BaseLockBackend must provide a release() method"
+        )
+
+    def extend(self, lease: Lease, ttl: float) -> bool:
+        """Make ``lease`` expire ``ttl`` seconds from now; False if not held.
+
+        On success, move ``lease.deadline`` accordingly.
+        """
+        raise NotImplementedError(
+            "subclasses of BaseLockBackend must provide an extend() method"
+        )
+
+    def is_held(self, lease: Lease) -> bool:
+        """Return True if ``lease`` is still the holder of its lock."""
+        raise NotImplementedError(
+            "subclasses of BaseLockBackend must provide an is_held() method"
+        )
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew each lease for its own ttl; True, False (lost) or None (error).
+
+        Backends that can batch the round trips override this.
+        """
+        results: list[bool | None] = []
+        for lease in leases:
+            try:
+                results.append(self.extend(lease, lease.ttl))
+            except Exception:
+                results.append(None)
+        return results
+
+    # -- operations: listing and clearing ---------------------------------
+
+    def holders(self, prefix: str = "") -> Iterator[Holder]:
+        """Yield every active holder whose lock name starts with ``prefix``.
+
+        ``prefix`` is literal: no character has a special meaning.
+        """
+        raise NotImplementedError(
+            "subclasses of BaseLockBackend must provide a holders() method"
+        )
+
+    def force_release(self, name: str, token: str) -> bool:
+        """Delete the lease of ``name`` if its token is still ``token``.
+
+        A lock re-taken since it was listed is left alone; fencing counters
+        are never reset. Return True if a lease was removed.
+        """
+        raise NotImplementedError(
+            "subclasses of BaseLockBackend must provide a force_release() method"
+        )
+
+    def clear_stale(self) -> int:
+        """Remove expired or orphaned lock records, never a live lease.
+
+        Return how many records were removed.
+        """
+        return 0
+
+    def close(self) -> None:
+        """Release the backend's connections (called on ``setting_changed``)."""
+
+    # -- asyncio twins ----------------------------------------------------
+
+    async def aacquire(
+        self, name: str, ttl: float, timeout: float | None
+    ) -> Lease | None:
+        """Async twin of :meth:`acquire`."""
+        return await sync_to_async(self.acquire, thread_sensitive=True)(
+            name, ttl, timeout
+        )
+
+    async def arelease(self, lease: Lease) -> bool:
+        """Async twin of :meth:`release`."""
+        return await sync_to_async(self.release, thread_sensitive=True)(lease)
+
+    async def aextend(self, lease: Lease, ttl: float) -> bool:
+        """Async twin of :meth:`extend`."""
+        return await sync_to_async(self.extend, thread_sensitive=True)(lease, ttl)
+
+    async def ais_held(self, lease: Lease) -> bool:
+        """Async twin of :meth:`is_held`."""
+        return await sync_to_async(self.is_held, thread_sensitive=True)(lease)
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Async twin of :meth:`renew`."""
+        return await sync_to_async(self.renew, thread_sensitive=True)(list(leases))

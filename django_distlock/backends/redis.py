@@ -1,0 +1,442 @@
+"""Redis single-instance backend.
+
+Each lock is one Redis hash ``<KEY_PREFIX>:{<digest>}`` holding the holder's
+token, fencing token, name and metadata, with the lease as its expiry. Waiters
+queue in ``...:q``/``...:r`` and each blocks on its own wake list
+``...:w:<token>``: the release script hands the lease directly to the first
+live waiter and wakes only that one, so a handoff costs no polling, no race
+and no herd. Every key of one lock shares the ``{<digest>}`` hash tag, so one
+lock lives in one Redis Cluster slot.
+
+The algorithm is written once, as generators that yield Redis commands
+(:meth:`RedisLockBackend._acquire_steps`), and driven by a synchronous
+(redis-py) or a native asyncio (``redis.asyncio``) executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import weakref
+from collections.abc import Generator, Iterator
+from datetime import datetime, timezone
+from functools import cached_property
+from typing import Any
+
+from ..exceptions import LockBackendError
+from ..keys import decode_name, encode_name, glob_escape, name_digest
+from .base import BaseLockBackend, Holder, Lease, holder_identity, new_token
+from .scripts import LuaScript, load_script
+
+__all__ = ["RedisLockBackend", "ReentrantRedisLockBackend"]
+
+ACQUIRE = load_script("redis_acquire.lua")
+RELEASE = load_script("redis_release.lua")
+EXTEND = load_script("redis_extend.lua")
+CANCEL = load_script("redis_cancel.lua")
+
+#: How long after its expected next call a waiter's queue record stays valid.
+WAITER_GRACE_MS = 1000
+#: Longest single blocking wait (it must stay below the socket timeout).
+MAX_WAIT_SLICE = 5.0
+
+# A command for an executor: ("eval", script, keys, args) or ("blpop", key, secs)
+# or ("hget", key, field).
+Command = tuple
+
+
+class LockKeys:
+    """The Redis keys of one lock name (all in one cluster hash slot)."""
+
+    __slots__ = ("lease", "queue", "records", "wake_prefix")
+
+    def __init__(self, prefix: str, name: str):
+        self.lease = f"{prefix}:{{{name_digest(name)}}}"
+        self.queue = self.lease + ":q"
+        self.records = self.lease + ":r"
+        self.wake_prefix = self.lease + ":w:"
+
+    @property
+    def triple(self) -> tuple[str, str, str]:
+        return (self.lease, self.queue, self.records)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(math.ceil(seconds * 1000)))
+
+
+class RedisLockBackend(BaseLockBackend):
+    """Locks on one Redis server (or the server behind a django-redis cache).
+
+    ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
+    django-redis cache whose connection pool is reused. Other OPTIONS:
+    ``SOCKET_TIMEOUT`` (default 2 s), ``SOCKET_CONNECT_TIMEOUT`` (1 s) and
+    ``CONNECTION_POOL_KWARGS`` (passed to redis-py).
+    """
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        self.location = params.get("LOCATION")
+        self.socket_timeout = float(self.options.get("SOCKET_TIMEOUT", 2.0))
+        self.connect_timeout = float(self.options.get("SOCKET_CONNECT_TIMEOUT", 1.0))
+        self.max_wait_slice = min(MAX_WAIT_SLICE, max(0.05, self.socket_timeout * 0.6))
+        self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    OPTION_KEYS = {"CACHE", "SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT",
+                   "CONNECTION_POOL_KWARGS"}
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return system check errors for this backend's LOCKS entry."""
+        from django.core.checks import Error
+
+        where = f"LOCKS[{alias!r}]"
+        options = params.get("OPTIONS") or {}
+        errors = []
+        unknown = sorted(set(options) - cls.OPTION_KEYS)
+        if unknown:
+            errors.append(Error(
+                f"{where}['OPTIONS'] has unknown keys: {unknown}.",
+                hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
+                obj="settings.LOCKS", id="distlock.E009"))
+        for key in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"):
+            value = options.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                errors.append(Error(
+                    f"{where}['OPTIONS'][{key!r}] must be a positive number of seconds.",
+                    hint="Without socket timeouts a paused server would hang callers.",
+                    obj="settings.LOCKS", id="distlock.E009"))
+        cache = options.get("CACHE")
+        if cache is not None:
+            from django.conf import settings
+
+            backend = (getattr(settings, "CACHES", {}).get(cache) or {}).get("BACKEND", "")
+            if not backend.startswith("django_redis."):
+                errors.append(Error(
+                    f"{where}['OPTIONS']['CACHE'] is {cache!r}, which is not a "
+                    "django-redis cache in CACHES.",
+                    hint="Name a CACHES alias whose BACKEND is "
+                         "'django_redis.cache.RedisCache', or set LOCATION instead.",
+                    obj="settings.LOCKS", id="distlock.E010"))
+            return errors
+        location = params.get("LOCATION")
+        if not location:
+            errors.append(Error(
+                f"{where} has no LOCATION.",
+                hint="Set LOCATION to a redis URL such as 'redis://127.0.0.1:6379/0', "
+                     "or OPTIONS={'CACHE': '<django-redis cache alias>'}.",
+                obj="settings.LOCKS", id="distlock.E004"))
+        elif not isinstance(location, str) or not location.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            errors.append(Error(
+                f"{where}['LOCATION'] must be one redis URL, not {location!r}.",
+                hint="Use redis://host:port/db, rediss:// for TLS or unix:///path.",
+                obj="settings.LOCKS", id="distlock.E004"))
+        return errors
+
+    # -- clients ----------------------------------------------------------
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        from redis.retry import Retry
+        from redis.backoff import NoBackoff
+
+        kwargs = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            # Our scripts are not all idempotent: never let the driver resend
+            # a command whose reply was lost. Errors surface as LockBackendError.
+            "retry": Retry(NoBackoff(), 0),
+            "retry_on_timeout": False,
+        }
+        kwargs.update(self.options.get("CONNECTION_POOL_KWARGS", {}))
+        return kwargs
+
+    @cached_property
+    def client(self):
+        """The redis-py client (created on first use)."""
+        import redis
+
+        cache_alias = self.options.get("CACHE")
+        if cache_alias:
+            from django_redis import get_redis_connection
+
+            return get_redis_connection(cache_alias)
+        return redis.Redis.from_url(self.location, **self._client_kwargs())
+
+    def aclient(self):
+        """The ``redis.asyncio`` client of the running event loop."""
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            import redis.asyncio as aredis
+
+            if self.options.get("CACHE"):
+                kwargs = dict(self.client.connection_pool.connection_kwargs)
+                kwargs.pop("connection_class", None)
+                kwargs.pop("parser_class", None)
+                client = aredis.Redis(**kwargs)
+            else:
+                client = aredis.Redis.from_url(self.location, **self._client_kwargs())
+            self._aclients[loop] = client
+        return client
+
+    def close(self) -> None:
+        client = self.__dict__.pop("client", None)
+        if client is not None and not self.options.get("CACHE"):
+            client.close()
+        self._aclients = weakref.WeakKeyDictionary()
+
+    # -- executors --------------------------------------------------------
+
+    def _error(self, exc: Exception, what: str) -> LockBackendError:
+        return LockBackendError(
+            f"Redis lock backend {self.alias!r} failed to {what}: {exc}"
+        )
+
+    def _execute(self, command: Command) -> Any:
+        import redis
+
+        client = self.client
+        try:
+            kind = command[0]
+            if kind == "eval":
+                script: LuaScript = command[1]
+                keys, args = command[2], command[3]
+                try:
+                    return client.evalsha(script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    return client.eval(script.source, len(keys), *keys, *args)
+            if kind == "blpop":
+                return client.blpop([command[1]], timeout=command[2])
+            if kind == "hget":
+                return client.hget(command[1], command[2])
+            raise AssertionError(f"unknown command {kind!r}")
+        except redis.exceptions.RedisError as e:
+            raise self._error(e, command[0]) from e
+
+    async def _aexecute(self, command: Command) -> Any:
+        import redis
+
+        client = self.aclient()
+        try:
+            kind = command[0]
+            if kind == "eval":
+                script: LuaScript = command[1]
+                keys, args = command[2], command[3]
+                try:
+                    return await client.evalsha(script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    return await client.eval(script.source, len(keys), *keys, *args)
+            if kind == "blpop":
+                return await client.blpop([command[1]], timeout=command[2])
+            if kind == "hget":
+                return await client.hget(command[1], command[2])
+            raise AssertionError(f"unknown command {kind!r}")
+        except redis.exceptions.RedisError as e:
+            raise self._error(e, command[0]) from e
+
+    def _run(self, steps: Generator[Command, Any, Any]) -> Any:
+        result = None
+        try:
+            while True:
+                result = self._execute(steps.send(result))
+        except StopIteration as stop:
+            return stop.value
+
+    async def _arun(self, steps: Generator[Command, Any, Any]) -> Any:
+        result = None
+        try:
+            while True:
+                result = await self._aexecute(steps.send(result))
+        except StopIteration as stop:
+            return stop.value
+
+    # -- the algorithm, as command generators -----------------------------
+
+    def keys_for(self, name: str) -> LockKeys:
+        """Return the keys that hold lock ``name``."""
+        return LockKeys(self.key_prefix, name)
+
+    def _acquire_steps(
+        self, name: str, ttl: float, timeout: float | None, token: str | None = None
+    ) -> Generator[Command, Any, Lease | None]:
+        keys = self.keys_for(name)
+        token = token or new_token()
+        host, pid, thread = holder_identity()
+        ttl_ms = _ms(ttl)
+        start = time.monotonic()
+        deadline = math.inf if timeout is None else start + timeout
+        blocking = timeout is None or timeout > 0
+        slice_len = min(self.max_wait_slice, deadline - start)
+        args = [token, ttl_ms, encode_name(name), host, pid, thread]
+
+        sent = start
+        live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
+        acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+        wake = keys.wake_prefix + token
+        while not acquired:
+            now = time.monotonic()
+            if now >= deadline or not blocking:
+                if blocking:
+                    acquired, value = yield (
+                        "eval", CANCEL, (*keys.triple, wake), [token],
+                    )
+                break
+            # Sleep until woken by a handoff, or until the lease could have
+            # expired (its holder may have died), or the slice ends.
+            pttl = int(value) / 1000 if int(value) > 0 else 0.0
+            wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
+            if wait >= 0.001:
+                popped = yield ("blpop", wake, round(wait, 3))
+                if popped is not None:
+                    acquired, value = 1, popped[1]
+                    break
+            sent = time.monotonic()
+            slice_len = min(self.max_wait_slice, deadline - sent)
+            live_ms = _ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
+            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+        if not acquired:
+            return None
+        return Lease(
+            alias=self.alias,
+            name=name,
+            token=token,
+            fencing_token=int(value),
+            ttl=ttl,
+            deadline=sent + ttl,
+        )
+
+    def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
+        keys = self.keys_for(lease.name)
+        code = yield ("eval", RELEASE, keys.triple, [lease.token, keys.wake_prefix])
+        return code != 0
+
+    def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:
+        sent = time.monotonic()
+        ok = yield ("eval", EXTEND, (self.keys_for(lease.name).lease,), [lease.token, _ms(ttl)])
+        if ok:
+            lease.deadline = sent + ttl
+        return bool(ok)
+
+    def _is_held_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
+        holder = yield ("hget", self.keys_for(lease.name).lease, "t")
+        return holder is not None and holder.decode() == lease.token
+
+    # -- the contract -----------------------------------------------------
+
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        return self._run(self._acquire_steps(name, ttl, timeout))
+
+    def release(self, lease: Lease) -> bool:
+        return self._run(self._release_steps(lease))
+
+    def extend(self, lease: Lease, ttl: float) -> bool:
+        return self._run(self._extend_steps(lease, ttl))
+
+    def is_held(self, lease: Lease) -> bool:
+        return self._run(self._is_held_steps(lease))
+
+    async def aacquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        return await self._arun(self._acquire_steps(name, ttl, timeout))
+
+    async def arelease(self, lease: Lease) -> bool:
+        return await self._arun(self._release_steps(lease))
+
+    async def aextend(self, lease: Lease, ttl: float) -> bool:
+        return await self._arun(self._extend_steps(lease, ttl))
+
+    async def ais_held(self, lease: Lease) -> bool:
+        return await self._arun(self._is_held_steps(lease))
+
+    def renew(self, leases) -> list[bool | None]:
+        """Renew every lease in one pipelined round trip."""
+        import redis
+
+        leases = list(leases)
+        if not leases:
+            return []
+        sent = time.monotonic()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for lease in leases:
+                pipe.evalsha(EXTEND.sha, 1, self.keys_for(lease.name).lease,
+                             lease.token, _ms(lease.ttl))
+            replies = pipe.execute(raise_on_error=False)
+        except redis.exceptions.RedisError:
+            return [None] * len(leases)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            return super().renew(leases)
+        results: list[bool | None] = []
+        for lease, reply in zip(leases, replies):
+            if isinstance(reply, Exception):
+                results.append(None)
+            elif reply:
+                lease.deadline = sent + lease.ttl
+                results.append(True)
+            else:
+                results.append(False)
+        return results
+
+    # -- listing and clearing ----------------------------------------------
+
+    def holders(self, prefix: str = "") -> Iterator[Holder]:
+        import redis
+
+        pattern = glob_escape(self.key_prefix) + ":{*}"
+        client = self.client
+        try:
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=1000, _type="HASH"):
+                batch.append(key)
+                if len(batch) >= 500:
+                    yield from self._holders_of(batch, prefix)
+                    batch = []
+            if batch:
+                yield from self._holders_of(batch, prefix)
+        except redis.exceptions.RedisError as e:
+            raise self._error(e, "list locks") from e
+
+    def _holders_of(self, keys: list[bytes], prefix: str) -> Iterator[Holder]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+            pipe.pttl(key)
+        replies = pipe.execute()
+        now = time.time()
+        for i in range(0, len(replies), 2):
+            fields, pttl = replies[i], replies[i + 1]
+            if not fields or b"t" not in fields:
+                continue
+            name = decode_name(fields.get(b"n", b""))
+            if not name.startswith(prefix):
+                continue
+            acquired = fields.get(b"a")
+            yield Holder(
+                backend=self.alias,
+                name=name,
+                token=fields[b"t"].decode(),
+                host=fields.get(b"h", b"").decode(errors="replace"),
+                pid=int(fields[b"p"]) if fields.get(b"p") else None,
+                thread=fields.get(b"th", b"").decode(errors="replace"),
+                acquired_at=datetime.fromtimestamp(int(acquired) / 1000, timezone.utc)
+                if acquired
+                else None,
+                expires_at=datetime.fromtimestamp(now + pttl / 1000, timezone.utc)
+                if pttl and pttl > 0
+                else None,
+                fencing_token=int(fields[b"f"]) if fields.get(b"f") else None,
+            )
+
+    def force_release(self, name: str, token: str) -> bool:
+        keys = self.keys_for(name)
+        return self._execute(
+            ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+        ) != 0
+
+
+class ReentrantRedisLockBackend(RedisLockBackend):
+    """Reentrant Redis locks: the owning thread (or task) may nest acquisitions."""
+
+    reentrant = True

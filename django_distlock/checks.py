@@ -1,0 +1,113 @@
+"""System checks for ``settings.LOCKS`` (ids ``distlock.E0xx`` / ``W0xx``).
+
+Generic keys are checked here; each backend class adds its own through a
+``check(alias, params)`` classmethod returning a list of messages.
+
+=============  ==============================================================
+id             meaning
+=============  ==============================================================
+distlock.E001  ``LOCKS`` is not a dict of dicts.
+distlock.E002  ``LOCKS`` has no ``default`` alias.
+distlock.E003  ``BACKEND`` missing or not importable.
+distlock.E004  ``LOCATION`` missing or malformed for the backend.
+distlock.E005  ``TTL`` is not a positive number.
+distlock.E006  ``TIMEOUT`` is not None or a number >= 0.
+distlock.E007  ``AUTO_RENEW`` is not a bool.
+distlock.E008  ``KEY_PREFIX`` is not a string.
+distlock.E009  ``OPTIONS`` is not a dict, or has an unknown/ill-typed key.
+distlock.E010  ``OPTIONS["CACHE"]`` names no django-redis cache.
+distlock.E011  Redlock with fewer than 3 nodes.
+distlock.E012  ``OPTIONS["DATABASE"]`` names no ``DATABASES`` alias.
+distlock.E013  Unknown top-level key in a ``LOCKS`` entry.
+distlock.W001  Redlock with an even number of nodes.
+distlock.W002  The locmem backend with ``DEBUG = False``.
+=============  ==============================================================
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+
+from django.conf import settings
+from django.core.checks import Error, Tags, register
+from django.utils.module_loading import import_string
+
+__all__ = ["check_locks_setting"]
+
+KNOWN_KEYS = {"BACKEND", "LOCATION", "TTL", "TIMEOUT", "AUTO_RENEW", "KEY_PREFIX",
+              "OPTIONS"}
+OBJ = "settings.LOCKS"
+
+
+def _error(id_: str, msg: str, hint: str) -> Error:
+    return Error(msg, hint=hint, obj=OBJ, id=id_)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+@register(Tags.caches, "distlock")
+def check_locks_setting(app_configs=None, **kwargs):
+    """Check every ``LOCKS`` entry; return the list of problems found."""
+    from .handler import DEFAULT_LOCK_ALIAS, DEFAULT_LOCKS
+
+    value = getattr(settings, "LOCKS", None)
+    if value is None:
+        value = DEFAULT_LOCKS
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        return [_error("distlock.E001", "LOCKS must be a dict of dicts, like CACHES.",
+                       'Write LOCKS = {"default": {"BACKEND": "..."}}.')]
+    errors = []
+    if DEFAULT_LOCK_ALIAS not in value:
+        errors.append(_error("distlock.E002", "LOCKS has no 'default' alias.",
+                             "lock() uses LOCKS['default'] unless given using=...; "
+                             "add a 'default' entry."))
+    for alias, params in value.items():
+        errors.extend(_check_entry(alias, params))
+    return errors
+
+
+def _check_entry(alias, params):
+    where = f"LOCKS[{alias!r}]"
+    errors = []
+    unknown = sorted(set(params) - KNOWN_KEYS)
+    if unknown:
+        errors.append(_error("distlock.E013", f"{where} has unknown keys: {unknown}.",
+                             f"Valid keys are {sorted(KNOWN_KEYS)}; backend-specific "
+                             "settings go in OPTIONS."))
+    backend = params.get("BACKEND")
+    backend_cls = None
+    if not backend or not isinstance(backend, str):
+        errors.append(_error("distlock.E003", f"{where} has no BACKEND.",
+                             "Set BACKEND to a dotted path such as "
+                             "'django_distlock.backends.redis.RedisLockBackend'."))
+    else:
+        try:
+            backend_cls = import_string(backend)
+        except ImportError as e:
+            errors.append(_error("distlock.E003",
+                                 f"{where}['BACKEND'] {backend!r} cannot be imported: {e}",
+                                 "Check the dotted path and that its driver is installed."))
+    ttl = params.get("TTL", 30)
+    if not _is_number(ttl) or not ttl > 0:
+        errors.append(_error("distlock.E005", f"{where}['TTL'] must be a positive number "
+                             f"of seconds, not {ttl!r}.", "For example 'TTL': 30."))
+    timeout = params.get("TIMEOUT", 10)
+    if timeout is not None and (not _is_number(timeout) or timeout < 0):
+        errors.append(_error("distlock.E006", f"{where}['TIMEOUT'] must be None or a "
+                             f"number >= 0, not {timeout!r}.",
+                             "None waits forever, 0 tries once."))
+    if not isinstance(params.get("AUTO_RENEW", True), bool):
+        errors.append(_error("distlock.E007", f"{where}['AUTO_RENEW'] must be True or False.",
+                             "Leave it out to renew held leases automatically."))
+    if not isinstance(params.get("KEY_PREFIX", ""), str):
+        errors.append(_error("distlock.E008", f"{where}['KEY_PREFIX'] must be a string.",
+                             "For example 'KEY_PREFIX': 'myproject'."))
+    options = params.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        errors.append(_error("distlock.E009", f"{where}['OPTIONS'] must be a dict.",
+                             "Leave OPTIONS out or write OPTIONS = {...}."))
+    elif backend_cls is not None and hasattr(backend_cls, "check"):
+        errors.extend(backend_cls.check(alias, params))
+    return errors

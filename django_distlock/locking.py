@@ -1,0 +1,360 @@
+"""The lock handle: ``lock(name)`` as context manager, decorator and object."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from contextlib import ContextDecorator
+from inspect import iscoroutinefunction
+from typing import Any
+
+from .backends.base import BaseLockBackend, Lease
+from .exceptions import LockLost, LockNotAcquired, LockNotHeld
+from .handler import DEFAULT_LOCK_ALIAS, locks
+from .signals import lock_acquired, lock_contended, lock_released
+from .watchdog import async_watchdog, get_watchdog, report_lost
+
+__all__ = ["Lock", "lock", "lock_for"]
+
+acquire_log = logging.getLogger("django_distlock.acquire")
+release_log = logging.getLogger("django_distlock.release")
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+#: Stands for "the alias's configured value" (``None`` means "wait forever").
+DEFAULT: Any = _Default()
+
+
+class Lock(ContextDecorator):
+    """A handle on one named lock of one backend.
+
+    Use it as a context manager (``with lock("x") as held:``, or ``async
+    with``), as a decorator (``@lock("x")``: each call takes the lock afresh),
+    or through :meth:`acquire` / :meth:`release` like :class:`threading.Lock`.
+
+    A handle holds at most one lease at a time, except on a reentrant
+    backend, where nested acquisitions stack and are released in turn.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        using: str = DEFAULT_LOCK_ALIAS,
+        ttl: float | None = None,
+        timeout: float | None = DEFAULT,
+        auto_renew: bool | None = None,
+    ):
+        if not isinstance(name, str):
+            raise TypeError(f"A lock name must be a str, not {type(name).__name__}.")
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}.")
+        if timeout is not DEFAULT and timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be None or >= 0, not {timeout!r}.")
+        self.name = name
+        self.using = using
+        self._ttl = ttl
+        self._timeout = timeout
+        self._auto_renew = auto_renew
+        self._leases: list[tuple[Lease, Any]] = []
+
+    def __repr__(self) -> str:
+        state = "held" if self._leases else "unheld"
+        return f"<Lock {self.name!r} using={self.using!r} {state}>"
+
+    # -- resolved options -------------------------------------------------
+
+    @property
+    def backend(self) -> BaseLockBackend:
+        """The backend of this lock's alias."""
+        return locks[self.using]
+
+    @property
+    def ttl(self) -> float:
+        """The lease length in seconds."""
+        return self._ttl if self._ttl is not None else self.backend.default_ttl
+
+    @property
+    def timeout(self) -> float | None:
+        """How long :meth:`acquire` waits by default (None: forever)."""
+        if self._timeout is DEFAULT:
+            return self.backend.default_timeout
+        return self._timeout
+
+    @property
+    def auto_renew(self) -> bool:
+        """Whether held leases are renewed in the background."""
+        if self._auto_renew is None:
+            return self.backend.auto_renew
+        return self._auto_renew
+
+    @property
+    def lease(self) -> Lease | None:
+        """The innermost lease this handle holds, or None."""
+        return self._leases[-1][0] if self._leases else None
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the held lease (None when not held)."""
+        lease = self.lease
+        return lease.fencing_token if lease is not None else None
+
+    def _wait_for(self, blocking: bool, timeout: float | None) -> float | None:
+        if not blocking:
+            return 0
+        if timeout is DEFAULT:
+            return self.timeout
+        if timeout is None or timeout == -1:
+            return None
+        if timeout < 0:
+            raise ValueError(f"timeout must be None, -1 or >= 0, not {timeout!r}.")
+        return timeout
+
+    # -- sync API ---------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float | None = DEFAULT) -> bool:
+        """Acquire the lock; return False if it stayed busy for ``timeout``.
+
+        ``blocking=False`` tries once. Raise LockBackendError if the backend
+        cannot be reached.
+        """
+        backend = self.backend
+        wait = self._wait_for(blocking, timeout)
+        started = time.monotonic()
+        lease = backend.acquire(self.name, self.ttl, wait)
+        return self._acquired(backend, lease, started, wait, None)
+
+    def release(self) -> None:
+        """Release the lock.
+
+        Raise LockNotHeld if this handle does not hold it, and LockLost if its
+        lease expired or was taken over before the release.
+        """
+        backend, lease = self._pop()
+        ok = backend.release(lease)
+        self._released(backend, lease, ok)
+
+    def extend(self, seconds: float | None = None) -> None:
+        """Make the lease expire ``seconds`` (default: the ttl) from now.
+
+        Raise LockNotHeld if this handle does not hold the lock, LockLost if
+        it held it and lost it.
+        """
+        backend, lease = self._current()
+        seconds = self.ttl if seconds is None else seconds
+        if not backend.extend(lease, seconds):
+            self._lost(backend, lease, "extend found the lease gone")
+
+    def locked(self) -> bool:
+        """Return True while this handle still holds the lock (asks the backend)."""
+        lease = self.lease
+        if lease is None or lease.lost:
+            return False
+        return self.backend.is_held(lease)
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise LockNotAcquired(
+                f"Lock {self.name!r} was not acquired within {self.timeout} s.",
+                name=self.name,
+            )
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            # The block's own exception propagates; the loss was signalled.
+        except Exception:
+            if exc_type is None:
+                raise
+            release_log.exception("Releasing lock %r failed", self.name)
+
+    # -- async API --------------------------------------------------------
+
+    async def aacquire(
+        self, blocking: bool = True, timeout: float | None = DEFAULT
+    ) -> bool:
+        """Async twin of :meth:`acquire`."""
+        backend = self.backend
+        wait = self._wait_for(blocking, timeout)
+        started = time.monotonic()
+        lease = await backend.aacquire(self.name, self.ttl, wait)
+        return self._acquired(backend, lease, started, wait, async_watchdog())
+
+    async def arelease(self) -> None:
+        """Async twin of :meth:`release`."""
+        backend, lease = self._pop()
+        ok = await backend.arelease(lease)
+        self._released(backend, lease, ok)
+
+    async def aextend(self, seconds: float | None = None) -> None:
+        """Async twin of :meth:`extend`."""
+        backend, lease = self._current()
+        seconds = self.ttl if seconds is None else seconds
+        if not await backend.aextend(lease, seconds):
+            self._lost(backend, lease, "extend found the lease gone")
+
+    async def alocked(self) -> bool:
+        """Async twin of :meth:`locked`."""
+        lease = self.lease
+        if lease is None or lease.lost:
+            return False
+        return await self.backend.ais_held(lease)
+
+    async def __aenter__(self) -> Lock:
+        if not await self.aacquire():
+            raise LockNotAcquired(
+                f"Lock {self.name!r} was not acquired within {self.timeout} s.",
+                name=self.name,
+            )
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.arelease()
+        except LockLost:
+            if exc_type is None:
+                raise
+        except Exception:
+            if exc_type is None:
+                raise
+            release_log.exception("Releasing lock %r failed", self.name)
+
+    # -- decorator --------------------------------------------------------
+
+    def _recreate_cm(self) -> Lock:
+        # A handle keeps state, so every decorated call gets a fresh one.
+        return Lock(
+            self.name,
+            using=self.using,
+            ttl=self._ttl,
+            timeout=self._timeout,
+            auto_renew=self._auto_renew,
+        )
+
+    def __call__(self, func):
+        if iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def inner(*args, **kwargs):
+                async with self._recreate_cm():
+                    return await func(*args, **kwargs)
+
+            return inner
+        return super().__call__(func)
+
+    # -- bookkeeping ------------------------------------------------------
+
+    def _acquired(self, backend, lease, started, wait, renewer) -> bool:
+        waited = time.monotonic() - started
+        if lease is None:
+            acquire_log.debug("Lock %r busy after %.3f s", self.name, waited)
+            lock_contended.send(
+                sender=type(backend), alias=backend.alias, name=self.name,
+                lease=None, wait=waited, timeout=wait,
+            )
+            return False
+        if self.auto_renew:
+            renewer = renewer or get_watchdog()
+            renewer.register(backend, lease)
+        self._leases.append((lease, renewer))
+        lock_acquired.send(
+            sender=type(backend), alias=backend.alias, name=self.name,
+            lease=lease, wait=waited,
+        )
+        return True
+
+    def _current(self) -> tuple[BaseLockBackend, Lease]:
+        if not self._leases:
+            raise LockNotHeld(f"Lock {self.name!r} is not held by this handle.",
+                              name=self.name)
+        lease = self._leases[-1][0]
+        lease.check_owner_process()
+        backend = self.backend
+        if lease.lost:
+            self._lost(backend, lease, "the lease was lost earlier")
+        return backend, lease
+
+    def _pop(self) -> tuple[BaseLockBackend, Lease]:
+        if not self._leases:
+            raise LockNotHeld(f"Lock {self.name!r} is not held by this handle.",
+                              name=self.name)
+        lease, renewer = self._leases[-1]
+        lease.check_owner_process()
+        self._leases.pop()
+        if renewer is not None:
+            renewer.unregister(lease)
+        return self.backend, lease
+
+    def _released(self, backend, lease, ok: bool) -> None:
+        if not ok or lease.lost:
+            self._lost(backend, lease, "the lease was gone at release")
+        lock_released.send(
+            sender=type(backend), alias=backend.alias, name=self.name,
+            lease=lease, held=time.time() - lease.acquired_at,
+        )
+
+    def _lost(self, backend, lease, reason: str) -> None:
+        report_lost(backend, lease, reason)
+        raise LockLost(
+            f"Lock {self.name!r} was lost before this call: {reason}.", name=self.name
+        )
+
+
+def lock(
+    name: str,
+    *,
+    using: str = DEFAULT_LOCK_ALIAS,
+    ttl: float | None = None,
+    timeout: float | None = DEFAULT,
+    auto_renew: bool | None = None,
+) -> Lock:
+    """Return a :class:`Lock` handle for ``name`` on the ``using`` alias.
+
+    ``ttl`` is the lease length in seconds, ``timeout`` how long to wait for
+    the lock (None: forever, 0: try once), ``auto_renew`` whether the lease
+    is renewed in the background while held. Each defaults to the alias's
+    ``LOCKS`` setting.
+    """
+    return Lock(name, using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew)
+
+
+def lock_name_for(model_or_instance, pk=None) -> str:
+    """Return ``"<app_label>.<model_name>:<pk>"`` for a model row.
+
+    Proxy models name their concrete model, so both lock the same row.
+    """
+    from django.db.models import Model
+
+    if isinstance(model_or_instance, Model):
+        if pk is not None:
+            raise TypeError("Pass either a model instance or a model class and pk.")
+        pk = model_or_instance.pk
+        model = type(model_or_instance)
+        if pk is None:
+            raise ValueError(
+                f"Cannot lock an unsaved {model.__name__} instance: its pk is None."
+            )
+    else:
+        model = model_or_instance
+        if pk is None:
+            raise ValueError(f"lock_for({model.__name__}) needs pk=...")
+    meta = model._meta.concrete_model._meta
+    return f"{meta.label_lower}:{pk}"
+
+
+def lock_for(model_or_instance, pk=None, **options: Any) -> Lock:
+    """Return a :class:`Lock` for one model row, taking every option of :func:`lock`.
+
+    ``lock_for(instance)`` or ``lock_for(Model, pk=42)``; the name is
+    ``"<app_label>.<model_name>:<pk>"``. An unsaved instance is a ValueError.
+    """
+    return lock(lock_name_for(model_or_instance, pk), **options)

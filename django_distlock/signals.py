@@ -1,0 +1,19 @@
+"""Signals sent around the life of a lock, for metrics and logging.
+
+Every signal is sent with ``sender`` the backend class and these keyword
+arguments: ``alias`` (the LOCKS alias), ``name`` (the lock name) and
+``lease`` (the :class:`~django_distlock.backends.base.Lease`, or None where
+there is none). Some add timings:
+
+- ``lock_acquired``: ``wait`` (seconds spent waiting).
+- ``lock_released``: ``held`` (seconds the lease was held).
+- ``lock_lost``: ``held`` (seconds from acquisition to detection), ``reason``.
+- ``lock_contended``: ``wait`` (seconds waited before giving up), ``timeout``.
+"""
+
+from django.dispatch import Signal
+
+lock_acquired = Signal()
+lock_released = Signal()
+lock_lost = Signal()
+lock_contended = Signal()

@@ -1,0 +1,219 @@
+"""Renew held leases in the background: one loop per process, for every lease.
+
+A lease is renewed when a third of its TTL has passed (when no more than two
+thirds of it remain). A renewal that finds the lease gone marks it lost and
+sends ``lock_lost``; a renewal that cannot reach the backend is retried until
+the lease would have expired, and then the lease is lost too.
+
+Leases acquired from threads are renewed by one daemon thread; leases acquired
+with ``aacquire`` by one task per event loop. Neither keeps a lease alive after
+its :class:`~django_distlock.locks.Lock` is garbage collected (weak
+references), and a forked child starts with nothing to renew: it cannot renew
+its parent's leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections import defaultdict
+
+from .backends.base import BaseLockBackend, Lease
+
+__all__ = ["async_watchdog", "report_lost", "watchdog"]
+
+logger = logging.getLogger("django_distlock.renew")
+
+RETRY_AFTER_ERROR = 0.5
+
+
+def renewal_due(lease: Lease) -> float:
+    """Return the monotonic instant at which ``lease`` should be renewed."""
+    return lease.deadline - lease.ttl * 2 / 3
+
+
+def report_lost(backend: BaseLockBackend, lease: Lease, reason: str) -> None:
+    """Mark ``lease`` lost; send ``lock_lost`` and log, once per lease."""
+    lease.lost = True
+    if lease.lost_reported:
+        return
+    lease.lost_reported = True
+    from .signals import lock_lost
+
+    logger.warning("Lock %r on %r was lost: %s", lease.name, backend.alias, reason)
+    lock_lost.send(
+        sender=type(backend),
+        alias=backend.alias,
+        name=lease.name,
+        lease=lease,
+        held=time.time() - lease.acquired_at,
+        reason=reason,
+    )
+
+
+class _Schedule:
+    """The renewal bookkeeping shared by the thread and the asyncio loop."""
+
+    def __init__(self) -> None:
+        # id(lease) -> (backend, weakref to lease, due)
+        self.entries: dict[int, tuple[BaseLockBackend, weakref.ref, float]] = {}
+
+    def add(self, backend: BaseLockBackend, lease: Lease) -> float:
+        due = renewal_due(lease)
+        self.entries[id(lease)] = (backend, weakref.ref(lease), due)
+        return due
+
+    def remove(self, lease: Lease) -> None:
+        self.entries.pop(id(lease), None)
+
+    def next_due(self) -> float:
+        return min((e[2] for e in self.entries.values()), default=math.inf)
+
+    def take_due(self, now: float) -> dict[BaseLockBackend, list[Lease]]:
+        due: dict[BaseLockBackend, list[Lease]] = defaultdict(list)
+        for key, (backend, ref, when) in list(self.entries.items()):
+            lease = ref()
+            if lease is None or lease.lost:
+                del self.entries[key]
+            elif when <= now:
+                due[backend].append(lease)
+        return due
+
+    def settle(self, backend: BaseLockBackend, leases, results) -> None:
+        """Record renewal results: reschedule, retry or declare lost."""
+        now = time.monotonic()
+        for lease, ok in zip(leases, results):
+            if id(lease) not in self.entries:
+                continue  # released while the renewal was in flight
+            if ok:
+                self.entries[id(lease)] = (backend, weakref.ref(lease), renewal_due(lease))
+            elif ok is False:
+                self.remove(lease)
+                report_lost(backend, lease, "renewal found the lease gone")
+            elif lease.deadline <= now:
+                self.remove(lease)
+                report_lost(backend, lease, "backend unreachable until the lease expired")
+            else:
+                retry = min(now + RETRY_AFTER_ERROR, lease.deadline)
+                self.entries[id(lease)] = (backend, weakref.ref(lease), retry)
+
+
+class ThreadWatchdog:
+    """The renewal thread of this process (started on first use)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._schedule = _Schedule()
+        self._thread: threading.Thread | None = None
+        self._wake_at = math.inf
+
+    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
+        """Start renewing ``lease`` until :meth:`unregister`."""
+        with self._cond:
+            due = self._schedule.add(backend, lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="django_distlock-watchdog", daemon=True
+                )
+                self._thread.start()
+            elif due < self._wake_at:
+                self._cond.notify()
+
+    def unregister(self, lease: Lease) -> None:
+        """Stop renewing ``lease``."""
+        with self._cond:
+            self._schedule.remove(lease)
+
+    def __len__(self) -> int:
+        return len(self._schedule.entries)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                self._wake_at = self._schedule.next_due()
+                if self._wake_at > now:
+                    self._cond.wait(min(self._wake_at - now, 60.0))
+                    continue
+                due = self._schedule.take_due(now)
+            for backend, leases in due.items():
+                try:
+                    results = backend.renew(leases)
+                except Exception:
+                    logger.exception("Renewal on %r failed", backend.alias)
+                    results = [None] * len(leases)
+                with self._cond:
+                    self._schedule.settle(backend, leases, results)
+
+
+class AsyncWatchdog:
+    """The renewal task of one event loop (started on first use)."""
+
+    def __init__(self) -> None:
+        self._schedule = _Schedule()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
+        """Start renewing ``lease`` until :meth:`unregister`."""
+        self._schedule.add(backend, lease)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="django_distlock-watchdog"
+            )
+        self._wakeup.set()
+
+    def unregister(self, lease: Lease) -> None:
+        """Stop renewing ``lease``."""
+        self._schedule.remove(lease)
+
+    async def _run(self) -> None:
+        while self._schedule.entries:
+            now = time.monotonic()
+            wake_at = self._schedule.next_due()
+            if wake_at > now:
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), min(wake_at - now, 60.0))
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            for backend, leases in self._schedule.take_due(now).items():
+                try:
+                    results = await backend.arenew(leases)
+                except Exception:
+                    logger.exception("Renewal on %r failed", backend.alias)
+                    results = [None] * len(leases)
+                self._schedule.settle(backend, leases, results)
+
+
+watchdog = ThreadWatchdog()
+_async_watchdogs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def async_watchdog() -> AsyncWatchdog:
+    """Return the watchdog of the running event loop."""
+    loop = asyncio.get_running_loop()
+    dog = _async_watchdogs.get(loop)
+    if dog is None:
+        dog = _async_watchdogs[loop] = AsyncWatchdog()
+    return dog
+
+
+def _after_fork_in_child() -> None:
+    global watchdog, _async_watchdogs
+    watchdog = ThreadWatchdog()
+    _async_watchdogs = weakref.WeakKeyDictionary()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def get_watchdog() -> ThreadWatchdog:
+    """Return this process's renewal thread (fork-aware)."""
+    return watchdog

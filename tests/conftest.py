@@ -1,0 +1,54 @@
+"""Shared fixtures: real servers, LOCKS pointed at them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.test import override_settings
+
+from .servers import RedisServer, port_open, unavailable
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A redis-server of its own for the whole test session."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    redis_server.client().flushall()
+    return redis_server.url
+
+
+def redis_locks(url: str, **extra) -> dict:
+    """A LOCKS setting with the Redis backend on ``url`` as default."""
+    entry = {"BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+             "LOCATION": url, **extra}
+    return {"default": entry}
+
+
+@pytest.fixture
+def redis_locks_settings(redis_url):
+    with override_settings(LOCKS=redis_locks(redis_url)):
+        yield
+
+
+def require_tcp(host: str, port: int, what: str) -> None:
+    if not port_open(host, port):
+        unavailable(f"{what} is not reachable on {host}:{port}")
+
+
+@pytest.fixture(scope="session")
+def postgres_available():
+    require_tcp(os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
+                int(os.environ.get("DISTLOCK_PG_PORT", "5432")), "PostgreSQL")
+
+
+@pytest.fixture(scope="session")
+def mysql_available():
+    require_tcp(os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+                int(os.environ.get("DISTLOCK_MYSQL_PORT", "3306")), "MariaDB/MySQL")

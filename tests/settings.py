@@ -1,0 +1,86 @@
+"""Settings for the test suite.
+
+Databases: ``DISTLOCK_TEST_DB`` picks the default database engine the tests
+run on (``sqlite`` by default, ``postgres`` or ``mysql``); the other two are
+always configured as the ``postgres`` and ``mysql`` aliases for the database
+backend's own tests. ``DISTLOCK_TEST_DB_SUFFIX`` keeps concurrent runs apart.
+"""
+
+import os
+
+SUFFIX = os.environ.get("DISTLOCK_TEST_DB_SUFFIX", "")
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = True
+USE_TZ = True
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+try:  # MariaDB through the pure-Python driver
+    import pymysql
+
+    pymysql.install_as_MySQLdb()
+except ImportError:
+    pass
+
+POSTGRES = {
+    "ENGINE": "django.db.backends.postgresql",
+    "NAME": "test",
+    "USER": "postgres",
+    "HOST": os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
+    "PORT": os.environ.get("DISTLOCK_PG_PORT", "5432"),
+    "TEST": {"NAME": f"test_distlock{SUFFIX}"},
+}
+MYSQL = {
+    "ENGINE": "django.db.backends.mysql",
+    "NAME": "test",
+    "USER": "root",
+    "PASSWORD": "",
+    "HOST": os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+    "PORT": os.environ.get("DISTLOCK_MYSQL_PORT", "3306"),
+    "OPTIONS": {"charset": "utf8mb4"},
+    "TEST": {"NAME": f"test_distlock{SUFFIX}", "CHARSET": "utf8mb4"},
+}
+SQLITE = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.path.join(os.environ.get("DISTLOCK_TMP", "/tmp"), f"distlock{SUFFIX}.sqlite3"),
+    "TEST": {"NAME": os.path.join(os.environ.get("DISTLOCK_TMP", "/tmp"),
+                                  f"test_distlock{SUFFIX}.sqlite3")},
+    "OPTIONS": {"timeout": 20},
+}
+_main = {"sqlite": SQLITE, "postgres": POSTGRES, "mysql": MYSQL}[
+    os.environ.get("DISTLOCK_TEST_DB", "sqlite")
+]
+DATABASES = {"default": _main, "postgres": POSTGRES, "mysql": MYSQL}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_distlock",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+
+# Tests point LOCKS at the redis-server they start (see tests/conftest.py);
+# until then, everything runs in-process.
+LOCKS = {
+    "default": {"BACKEND": "django_distlock.backends.locmem.LocMemLockBackend"},
+}
