@@ -34,8 +34,15 @@ from django.utils.module_loading import import_string
 
 __all__ = ["check_locks_setting"]
 
-KNOWN_KEYS = {"BACKEND", "LOCATION", "TTL", "TIMEOUT", "AUTO_RENEW", "KEY_PREFIX",
-              "OPTIONS"}
+KNOWN_KEYS = {
+    "BACKEND",
+    "LOCATION",
+    "TTL",
+    "TIMEOUT",
+    "AUTO_RENEW",
+    "KEY_PREFIX",
+    "OPTIONS",
+}
 OBJ = "settings.LOCKS"
 
 
@@ -55,14 +62,26 @@ def check_locks_setting(app_configs=None, **kwargs):
     value = getattr(settings, "LOCKS", None)
     if value is None:
         value = DEFAULT_LOCKS
-    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-        return [_error("distlock.E001", "LOCKS must be a dict of dicts, like CACHES.",
-                       'Write LOCKS = {"default": {"BACKEND": "..."}}.')]
+    if not isinstance(value, dict) or not all(
+        isinstance(v, dict) for v in value.values()
+    ):
+        return [
+            _error(
+                "distlock.E001",
+                "LOCKS must be a dict of dicts, like CACHES.",
+                'Write LOCKS = {"default": {"BACKEND": "..."}}.',
+            )
+        ]
     errors = []
     if DEFAULT_LOCK_ALIAS not in value:
-        errors.append(_error("distlock.E002", "LOCKS has no 'default' alias.",
-                             "lock() uses LOCKS['default'] unless given using=...; "
-                             "add a 'default' entry."))
+        errors.append(
+            _error(
+                "distlock.E002",
+                "LOCKS has no 'default' alias.",
+                "lock() uses LOCKS['default'] unless given using=...; "
+                "add a 'default' entry.",
+            )
+        )
     for alias, params in value.items():
         errors.extend(_check_entry(alias, params))
     return errors
@@ -73,41 +92,79 @@ def _check_entry(alias, params):
     errors = []
     unknown = sorted(set(params) - KNOWN_KEYS)
     if unknown:
-        errors.append(_error("distlock.E013", f"{where} has unknown keys: {unknown}.",
-                             f"Valid keys are {sorted(KNOWN_KEYS)}; backend-specific "
-                             "settings go in OPTIONS."))
+        errors.append(
+            _error(
+                "distlock.E013",
+                f"{where} has unknown keys: {unknown}.",
+                f"Valid keys are {sorted(KNOWN_KEYS)}; backend-specific "
+                "settings go in OPTIONS.",
+            )
+        )
     backend = params.get("BACKEND")
     backend_cls = None
     if not backend or not isinstance(backend, str):
-        errors.append(_error("distlock.E003", f"{where} has no BACKEND.",
-                             "Set BACKEND to a dotted path such as "
-                             "'django_distlock.backends.redis.RedisLockBackend'."))
+        errors.append(
+            _error(
+                "distlock.E003",
+                f"{where} has no BACKEND.",
+                "Set BACKEND to a dotted path such as "
+                "'django_distlock.backends.redis.RedisLockBackend'.",
+            )
+        )
     else:
         try:
             backend_cls = import_string(backend)
         except ImportError as e:
-            errors.append(_error("distlock.E003",
-                                 f"{where}['BACKEND'] {backend!r} cannot be imported: {e}",
-                                 "Check the dotted path and that its driver is installed."))
+            errors.append(
+                _error(
+                    "distlock.E003",
+                    f"{where}['BACKEND'] {backend!r} cannot be imported: {e}",
+                    "Check the dotted path and that its driver is installed.",
+                )
+            )
     ttl = params.get("TTL", 30)
     if not _is_number(ttl) or not ttl > 0:
-        errors.append(_error("distlock.E005", f"{where}['TTL'] must be a positive number "
-                             f"of seconds, not {ttl!r}.", "For example 'TTL': 30."))
+        errors.append(
+            _error(
+                "distlock.E005",
+                f"{where}['TTL'] must be a positive number of seconds, not {ttl!r}.",
+                "For example 'TTL': 30.",
+            )
+        )
     timeout = params.get("TIMEOUT", 10)
     if timeout is not None and (not _is_number(timeout) or timeout < 0):
-        errors.append(_error("distlock.E006", f"{where}['TIMEOUT'] must be None or a "
-                             f"number >= 0, not {timeout!r}.",
-                             "None waits forever, 0 tries once."))
+        errors.append(
+            _error(
+                "distlock.E006",
+                f"{where}['TIMEOUT'] must be None or a number >= 0, not {timeout!r}.",
+                "None waits forever, 0 tries once.",
+            )
+        )
     if not isinstance(params.get("AUTO_RENEW", True), bool):
-        errors.append(_error("distlock.E007", f"{where}['AUTO_RENEW'] must be True or False.",
-                             "Leave it out to renew held leases automatically."))
+        errors.append(
+            _error(
+                "distlock.E007",
+                f"{where}['AUTO_RENEW'] must be True or False.",
+                "Leave it out to renew held leases automatically.",
+            )
+        )
     if not isinstance(params.get("KEY_PREFIX", ""), str):
-        errors.append(_error("distlock.E008", f"{where}['KEY_PREFIX'] must be a string.",
-                             "For example 'KEY_PREFIX': 'myproject'."))
+        errors.append(
+            _error(
+                "distlock.E008",
+                f"{where}['KEY_PREFIX'] must be a string.",
+                "For example 'KEY_PREFIX': 'myproject'.",
+            )
+        )
     options = params.get("OPTIONS", {})
     if not isinstance(options, dict):
-        errors.append(_error("distlock.E009", f"{where}['OPTIONS'] must be a dict.",
-                             "Leave OPTIONS out or write OPTIONS = {...}."))
+        errors.append(
+            _error(
+                "distlock.E009",
+                f"{where}['OPTIONS'] must be a dict.",
+                "Leave OPTIONS out or write OPTIONS = {...}.",
+            )
+        )
     elif backend_cls is not None and hasattr(backend_cls, "check"):
         errors.extend(backend_cls.check(alias, params))
     return errors

@@ -258,8 +258,12 @@ class Lock(ContextDecorator):
         if lease is None:
             acquire_log.debug("Lock %r busy after %.3f s", self.name, waited)
             lock_contended.send(
-                sender=type(backend), alias=backend.alias, name=self.name,
-                lease=None, wait=waited, timeout=wait,
+                sender=type(backend),
+                alias=backend.alias,
+                name=self.name,
+                lease=None,
+                wait=waited,
+                timeout=wait,
             )
             return False
         if self.auto_renew:
@@ -267,15 +271,19 @@ class Lock(ContextDecorator):
             renewer.register(backend, lease)
         self._leases.append((lease, renewer))
         lock_acquired.send(
-            sender=type(backend), alias=backend.alias, name=self.name,
-            lease=lease, wait=waited,
+            sender=type(backend),
+            alias=backend.alias,
+            name=self.name,
+            lease=lease,
+            wait=waited,
         )
         return True
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
-            raise LockNotHeld(f"Lock {self.name!r} is not held by this handle.",
-                              name=self.name)
+            raise LockNotHeld(
+                f"Lock {self.name!r} is not held by this handle.", name=self.name
+            )
         lease = self._leases[-1][0]
         lease.check_owner_process()
         backend = self.backend
@@ -285,8 +293,9 @@ class Lock(ContextDecorator):
 
     def _pop(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
-            raise LockNotHeld(f"Lock {self.name!r} is not held by this handle.",
-                              name=self.name)
+            raise LockNotHeld(
+                f"Lock {self.name!r} is not held by this handle.", name=self.name
+            )
         lease, renewer = self._leases[-1]
         lease.check_owner_process()
         self._leases.pop()
@@ -298,8 +307,11 @@ class Lock(ContextDecorator):
         if not ok or lease.lost:
             self._lost(backend, lease, "the lease was gone at release")
         lock_released.send(
-            sender=type(backend), alias=backend.alias, name=self.name,
-            lease=lease, held=time.time() - lease.acquired_at,
+            sender=type(backend),
+            alias=backend.alias,
+            name=self.name,
+            lease=lease,
+            held=time.time() - lease.acquired_at,
         )
 
     def _lost(self, backend, lease, reason: str) -> None:

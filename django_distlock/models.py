@@ -16,7 +16,7 @@ class LockRecord(models.Model):
 
     digest = models.CharField(max_length=43, unique=True)
     name = models.TextField()
-    token = models.CharField(max_length=32, null=True, blank=True)
+    token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 (NULL = free)
     fence = models.BigIntegerField(default=0)
     host = models.CharField(max_length=255, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)

@@ -91,13 +91,19 @@ class _Schedule:
             if id(lease) not in self.entries:
                 continue  # released while the renewal was in flight
             if ok:
-                self.entries[id(lease)] = (backend, weakref.ref(lease), renewal_due(lease))
+                self.entries[id(lease)] = (
+                    backend,
+                    weakref.ref(lease),
+                    renewal_due(lease),
+                )
             elif ok is False:
                 self.remove(lease)
                 report_lost(backend, lease, "renewal found the lease gone")
             elif lease.deadline <= now:
                 self.remove(lease)
-                report_lost(backend, lease, "backend unreachable until the lease expired")
+                report_lost(
+                    backend, lease, "backend unreachable until the lease expired"
+                )
             else:
                 retry = min(now + RETRY_AFTER_ERROR, lease.deadline)
                 self.entries[id(lease)] = (backend, weakref.ref(lease), retry)
@@ -179,7 +185,9 @@ class AsyncWatchdog:
             if wake_at > now:
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), min(wake_at - now, 60.0))
+                    await asyncio.wait_for(
+                        self._wakeup.wait(), min(wake_at - now, 60.0)
+                    )
                 except asyncio.TimeoutError:
                     pass
                 continue

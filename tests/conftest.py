@@ -26,8 +26,11 @@ def redis_url(redis_server):
 
 def redis_locks(url: str, **extra) -> dict:
     """A LOCKS setting with the Redis backend on ``url`` as default."""
-    entry = {"BACKEND": "django_distlock.backends.redis.RedisLockBackend",
-             "LOCATION": url, **extra}
+    entry = {
+        "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+        "LOCATION": url,
+        **extra,
+    }
     return {"default": entry}
 
 
@@ -44,11 +47,17 @@ def require_tcp(host: str, port: int, what: str) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_available():
-    require_tcp(os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
-                int(os.environ.get("DISTLOCK_PG_PORT", "5432")), "PostgreSQL")
+    require_tcp(
+        os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
+        int(os.environ.get("DISTLOCK_PG_PORT", "5432")),
+        "PostgreSQL",
+    )
 
 
 @pytest.fixture(scope="session")
 def mysql_available():
-    require_tcp(os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
-                int(os.environ.get("DISTLOCK_MYSQL_PORT", "3306")), "MariaDB/MySQL")
+    require_tcp(
+        os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+        int(os.environ.get("DISTLOCK_MYSQL_PORT", "3306")),
+        "MariaDB/MySQL",
+    )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.db import connections
@@ -18,8 +19,10 @@ from django.db import connections
 def _django_state() -> dict[str, Any]:
     return {
         "settings_module": os.environ.get("DJANGO_SETTINGS_MODULE", "tests.settings"),
-        "db_names": {alias: connections[alias].settings_dict["NAME"]
-                     for alias in settings.DATABASES},
+        "db_names": {
+            alias: connections[alias].settings_dict["NAME"]
+            for alias in settings.DATABASES
+        },
         "locks": getattr(settings, "LOCKS", None),
     }
 

@@ -43,9 +43,14 @@ MYSQL = {
 }
 SQLITE = {
     "ENGINE": "django.db.backends.sqlite3",
-    "NAME": os.path.join(os.environ.get("DISTLOCK_TMP", "/tmp"), f"distlock{SUFFIX}.sqlite3"),
-    "TEST": {"NAME": os.path.join(os.environ.get("DISTLOCK_TMP", "/tmp"),
-                                  f"test_distlock{SUFFIX}.sqlite3")},
+    "NAME": os.path.join(
+        os.environ.get("DISTLOCK_TMP", "/tmp"), f"distlock{SUFFIX}.sqlite3"
+    ),
+    "TEST": {
+        "NAME": os.path.join(
+            os.environ.get("DISTLOCK_TMP", "/tmp"), f"test_distlock{SUFFIX}.sqlite3"
+        )
+    },
     "OPTIONS": {"timeout": 20},
 }
 _main = {"sqlite": SQLITE, "postgres": POSTGRES, "mysql": MYSQL}[
@@ -69,15 +74,19 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "APP_DIRS": True,
-    "OPTIONS": {"context_processors": [
-        "django.template.context_processors.request",
-        "django.contrib.auth.context_processors.auth",
-        "django.contrib.messages.context_processors.messages",
-    ]},
-}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
 
 # Tests point LOCKS at the redis-server they start (see tests/conftest.py);
 # until then, everything runs in-process.

@@ -22,7 +22,7 @@ from .base import BaseLockBackend, Holder, Lease, holder_identity, new_token
 __all__ = ["LocMemLockBackend"]
 
 # One lock table per LOCATION, shared by every backend instance in the process.
-_tables: dict[str, "_Table"] = {}
+_tables: dict[str, _Table] = {}
 _tables_lock = threading.Lock()
 
 
@@ -63,11 +63,15 @@ class LocMemLockBackend(BaseLockBackend):
     @classmethod
     def check(cls, alias, params):
         if not settings.DEBUG:
-            return [Warning(
-                f"LOCKS[{alias!r}] uses the locmem backend with DEBUG = False.",
-                hint="locmem locks exclude only threads of one process; use the "
-                     "database or Redis backend in production.",
-                obj="settings.LOCKS", id="distlock.W002")]
+            return [
+                Warning(
+                    f"LOCKS[{alias!r}] uses the locmem backend with DEBUG = False.",
+                    hint="locmem locks exclude only threads of one process; use the "
+                    "database or Redis backend in production.",
+                    obj="settings.LOCKS",
+                    id="distlock.W002",
+                )
+            ]
         return []
 
     def acquire(self, name, ttl, timeout):
@@ -81,8 +85,9 @@ class LocMemLockBackend(BaseLockBackend):
                 current = table.live(name, now)
                 if current is None:
                     fence = next(table.counter)
-                    table.entries[name] = _Entry(token, fence, now + ttl, host, pid,
-                                                 thread, time.time())
+                    table.entries[name] = _Entry(
+                        token, fence, now + ttl, host, pid, thread, time.time()
+                    )
                     return Lease(self.alias, name, token, fence, ttl, now + ttl)
                 if now >= deadline:
                     return None
@@ -116,11 +121,18 @@ class LocMemLockBackend(BaseLockBackend):
     def holders(self, prefix=""):
         now_mono, now = time.monotonic(), time.time()
         with self._table.cond:
-            items = [(n, e) for n, e in self._table.entries.items()
-                     if e.expires > now_mono and n.startswith(prefix)]
+            items = [
+                (n, e)
+                for n, e in self._table.entries.items()
+                if e.expires > now_mono and n.startswith(prefix)
+            ]
         for name, e in items:
             yield Holder(
-                backend=self.alias, name=name, token=e.token, host=e.host, pid=e.pid,
+                backend=self.alias,
+                name=name,
+                token=e.token,
+                host=e.host,
+                pid=e.pid,
                 thread=e.thread,
                 acquired_at=datetime.fromtimestamp(e.acquired_at, timezone.utc),
                 expires_at=datetime.fromtimestamp(now, timezone.utc)

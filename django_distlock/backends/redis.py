@@ -83,8 +83,12 @@ class RedisLockBackend(BaseLockBackend):
         self.max_wait_slice = min(MAX_WAIT_SLICE, max(0.05, self.socket_timeout * 0.6))
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    OPTION_KEYS = {"CACHE", "SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT",
-                   "CONNECTION_POOL_KWARGS"}
+    OPTION_KEYS = {
+        "CACHE",
+        "SOCKET_TIMEOUT",
+        "SOCKET_CONNECT_TIMEOUT",
+        "CONNECTION_POOL_KWARGS",
+    }
 
     @classmethod
     def check(cls, alias: str, params: dict[str, Any]) -> list:
@@ -96,51 +100,79 @@ class RedisLockBackend(BaseLockBackend):
         errors = []
         unknown = sorted(set(options) - cls.OPTION_KEYS)
         if unknown:
-            errors.append(Error(
-                f"{where}['OPTIONS'] has unknown keys: {unknown}.",
-                hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
-                obj="settings.LOCKS", id="distlock.E009"))
+            errors.append(
+                Error(
+                    f"{where}['OPTIONS'] has unknown keys: {unknown}.",
+                    hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
         for key in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"):
             value = options.get(key, 1)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                errors.append(Error(
-                    f"{where}['OPTIONS'][{key!r}] must be a positive number of seconds.",
-                    hint="Without socket timeouts a paused server would hang callers.",
-                    obj="settings.LOCKS", id="distlock.E009"))
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value <= 0
+            ):
+                errors.append(
+                    Error(
+                        f"{where}['OPTIONS'][{key!r}] must be a positive number "
+                        "of seconds.",
+                        hint="Without socket timeouts a paused server hangs callers.",
+                        obj="settings.LOCKS",
+                        id="distlock.E009",
+                    )
+                )
         cache = options.get("CACHE")
         if cache is not None:
             from django.conf import settings
 
-            backend = (getattr(settings, "CACHES", {}).get(cache) or {}).get("BACKEND", "")
+            backend = (getattr(settings, "CACHES", {}).get(cache) or {}).get(
+                "BACKEND", ""
+            )
             if not backend.startswith("django_redis."):
-                errors.append(Error(
-                    f"{where}['OPTIONS']['CACHE'] is {cache!r}, which is not a "
-                    "django-redis cache in CACHES.",
-                    hint="Name a CACHES alias whose BACKEND is "
-                         "'django_redis.cache.RedisCache', or set LOCATION instead.",
-                    obj="settings.LOCKS", id="distlock.E010"))
+                errors.append(
+                    Error(
+                        f"{where}['OPTIONS']['CACHE'] is {cache!r}, which is not a "
+                        "django-redis cache in CACHES.",
+                        hint="Name a CACHES alias whose BACKEND is "
+                        "'django_redis.cache.RedisCache', or set LOCATION instead.",
+                        obj="settings.LOCKS",
+                        id="distlock.E010",
+                    )
+                )
             return errors
         location = params.get("LOCATION")
         if not location:
-            errors.append(Error(
-                f"{where} has no LOCATION.",
-                hint="Set LOCATION to a redis URL such as 'redis://127.0.0.1:6379/0', "
-                     "or OPTIONS={'CACHE': '<django-redis cache alias>'}.",
-                obj="settings.LOCKS", id="distlock.E004"))
+            errors.append(
+                Error(
+                    f"{where} has no LOCATION.",
+                    hint="Set LOCATION to a redis URL such as "
+                    "'redis://127.0.0.1:6379/0', "
+                    "or OPTIONS={'CACHE': '<django-redis cache alias>'}.",
+                    obj="settings.LOCKS",
+                    id="distlock.E004",
+                )
+            )
         elif not isinstance(location, str) or not location.startswith(
             ("redis://", "rediss://", "unix://")
         ):
-            errors.append(Error(
-                f"{where}['LOCATION'] must be one redis URL, not {location!r}.",
-                hint="Use redis://host:port/db, rediss:// for TLS or unix:///path.",
-                obj="settings.LOCKS", id="distlock.E004"))
+            errors.append(
+                Error(
+                    f"{where}['LOCATION'] must be one redis URL, not {location!r}.",
+                    hint="Use redis://host:port/db, rediss:// for TLS or unix:///path.",
+                    obj="settings.LOCKS",
+                    id="distlock.E004",
+                )
+            )
         return errors
 
     # -- clients ----------------------------------------------------------
 
     def _client_kwargs(self) -> dict[str, Any]:
-        from redis.retry import Retry
         from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         kwargs = {
             "socket_timeout": self.socket_timeout,
@@ -281,7 +313,10 @@ class RedisLockBackend(BaseLockBackend):
             if now >= deadline or not blocking:
                 if blocking:
                     acquired, value = yield (
-                        "eval", CANCEL, (*keys.triple, wake), [token],
+                        "eval",
+                        CANCEL,
+                        (*keys.triple, wake),
+                        [token],
                     )
                 break
             # Sleep until woken by a handoff, or until the lease could have
@@ -315,7 +350,12 @@ class RedisLockBackend(BaseLockBackend):
 
     def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:
         sent = time.monotonic()
-        ok = yield ("eval", EXTEND, (self.keys_for(lease.name).lease,), [lease.token, _ms(ttl)])
+        ok = yield (
+            "eval",
+            EXTEND,
+            (self.keys_for(lease.name).lease,),
+            [lease.token, _ms(ttl)],
+        )
         if ok:
             lease.deadline = sent + ttl
         return bool(ok)
@@ -338,7 +378,9 @@ class RedisLockBackend(BaseLockBackend):
     def is_held(self, lease: Lease) -> bool:
         return self._run(self._is_held_steps(lease))
 
-    async def aacquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+    async def aacquire(
+        self, name: str, ttl: float, timeout: float | None
+    ) -> Lease | None:
         return await self._arun(self._acquire_steps(name, ttl, timeout))
 
     async def arelease(self, lease: Lease) -> bool:
@@ -361,8 +403,13 @@ class RedisLockBackend(BaseLockBackend):
         try:
             pipe = self.client.pipeline(transaction=False)
             for lease in leases:
-                pipe.evalsha(EXTEND.sha, 1, self.keys_for(lease.name).lease,
-                             lease.token, _ms(lease.ttl))
+                pipe.evalsha(
+                    EXTEND.sha,
+                    1,
+                    self.keys_for(lease.name).lease,
+                    lease.token,
+                    _ms(lease.ttl),
+                )
             replies = pipe.execute(raise_on_error=False)
         except redis.exceptions.RedisError:
             return [None] * len(leases)
@@ -431,12 +478,13 @@ class RedisLockBackend(BaseLockBackend):
 
     def force_release(self, name: str, token: str) -> bool:
         keys = self.keys_for(name)
-        return self._execute(
-            ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
-        ) != 0
+        return (
+            self._execute(("eval", RELEASE, keys.triple, [token, keys.wake_prefix]))
+            != 0
+        )
 
 
-class ReentrantRedisLockBackend(RedisLockBackend):
-    """Reentrant Redis locks: the owning thread (or task) may nest acquisitions."""
-
-    reentrant = True
+# The reentrant variant lives in its own module (it has its own scripts) and is
+# importable from here, as the documented path says. Imported last: it
+# subclasses RedisLockBackend.
+from .redis_reentrant import ReentrantRedisLockBackend  # noqa: E402
