@@ -257,26 +257,28 @@ class Lock(ContextDecorator):
         waited = time.monotonic() - started
         if lease is None:
             acquire_log.debug("Lock %r busy after %.3f s", self.name, waited)
-            lock_contended.send(
-                sender=type(backend),
-                alias=backend.alias,
-                name=self.name,
-                lease=None,
-                wait=waited,
-                timeout=wait,
-            )
+            if lock_contended.receivers:
+                lock_contended.send(
+                    sender=type(backend),
+                    alias=backend.alias,
+                    name=self.name,
+                    lease=None,
+                    wait=waited,
+                    timeout=wait,
+                )
             return False
         if self.auto_renew:
             renewer = renewer or get_watchdog()
             renewer.register(backend, lease)
         self._leases.append((lease, renewer))
-        lock_acquired.send(
-            sender=type(backend),
-            alias=backend.alias,
-            name=self.name,
-            lease=lease,
-            wait=waited,
-        )
+        if lock_acquired.receivers:  # skip building the call when nobody listens
+            lock_acquired.send(
+                sender=type(backend),
+                alias=backend.alias,
+                name=self.name,
+                lease=lease,
+                wait=waited,
+            )
         return True
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
@@ -306,13 +308,14 @@ class Lock(ContextDecorator):
     def _released(self, backend, lease, ok: bool) -> None:
         if not ok or lease.lost:
             self._lost(backend, lease, "the lease was gone at release")
-        lock_released.send(
-            sender=type(backend),
-            alias=backend.alias,
-            name=self.name,
-            lease=lease,
-            held=time.time() - lease.acquired_at,
-        )
+        if lock_released.receivers:
+            lock_released.send(
+                sender=type(backend),
+                alias=backend.alias,
+                name=self.name,
+                lease=lease,
+                held=time.time() - lease.acquired_at,
+            )
 
     def _lost(self, backend, lease, reason: str) -> None:
         report_lost(backend, lease, reason)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 import weakref
 from collections.abc import Generator, Iterator
@@ -38,6 +39,8 @@ CANCEL = load_script("redis_cancel.lua")
 
 #: How long after its expected next call a waiter's queue record stays valid.
 WAITER_GRACE_MS = 1000
+#: Idle connections kept by a backend's own hot-path pool.
+MAX_IDLE_CONNECTIONS = 64
 #: Longest single blocking wait (it must stay below the socket timeout).
 MAX_WAIT_SLICE = 5.0
 
@@ -82,6 +85,9 @@ class RedisLockBackend(BaseLockBackend):
         self.connect_timeout = float(self.options.get("SOCKET_CONNECT_TIMEOUT", 1.0))
         self.max_wait_slice = min(MAX_WAIT_SLICE, max(0.05, self.socket_timeout * 0.6))
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._idle: list = []
+        self._keys: dict[str, LockKeys] = {}
+        self._pid = os.getpid()
 
     OPTION_KEYS = {
         "CACHE",
@@ -215,6 +221,10 @@ class RedisLockBackend(BaseLockBackend):
         return client
 
     def close(self) -> None:
+        idle, self._idle = self._idle, []
+        if self._pid == os.getpid():
+            for conn in idle:
+                conn.disconnect()
         client = self.__dict__.pop("client", None)
         if client is not None and not self.options.get("CACHE"):
             client.close()
@@ -227,23 +237,71 @@ class RedisLockBackend(BaseLockBackend):
             f"Redis lock backend {self.alias!r} failed to {what}: {exc}"
         )
 
+    def _checkout(self):
+        """Return an idle connection of this process (or a new one)."""
+        if self._pid != os.getpid():
+            # Forked: the parent's sockets are not ours to use or close.
+            self._idle = []
+            self._pid = os.getpid()
+        try:
+            conn = self._idle.pop()  # atomic under the GIL: no lock needed
+        except IndexError:
+            pool = self.client.connection_pool
+            return pool.connection_class(**pool.connection_kwargs)
+        return conn
+
+    def _call(self, *args: Any) -> Any:
+        """Send one command on a connection of our own and return its reply.
+
+        The hot path: acquire and release are one command each, so this
+        skips redis-py's per-command machinery (retry wrapper, metrics,
+        pool bookkeeping), keeping what matters: a stale connection (server
+        restarted, unread data) is reconnected before use, and a connection
+        that failed mid-command is dropped, never reused. Server errors
+        (``ResponseError``, e.g. NOSCRIPT) leave the connection usable.
+        """
+        import redis
+
+        conn = self._checkout()
+        try:
+            try:
+                if conn.can_read():
+                    conn.disconnect()  # unread data: the stream is not ours
+            except (redis.exceptions.ConnectionError, OSError):
+                conn.disconnect()  # closed by the server since last use
+            conn.send_command(*args)
+            reply = conn.read_response()
+        except redis.exceptions.ResponseError:
+            self._checkin(conn)
+            raise
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._checkin(conn)
+        return reply
+
+    def _checkin(self, conn) -> None:
+        if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
+            self._idle.append(conn)
+        else:
+            conn.disconnect()
+
     def _execute(self, command: Command) -> Any:
         import redis
 
-        client = self.client
         try:
             kind = command[0]
             if kind == "eval":
                 script: LuaScript = command[1]
                 keys, args = command[2], command[3]
                 try:
-                    return client.evalsha(script.sha, len(keys), *keys, *args)
+                    return self._call("EVALSHA", script.sha, len(keys), *keys, *args)
                 except redis.exceptions.NoScriptError:
-                    return client.eval(script.source, len(keys), *keys, *args)
+                    return self._call("EVAL", script.source, len(keys), *keys, *args)
             if kind == "blpop":
-                return client.blpop([command[1]], timeout=command[2])
+                return self._call("BLPOP", command[1], command[2])
             if kind == "hget":
-                return client.hget(command[1], command[2])
+                return self._call("HGET", command[1], command[2])
             raise AssertionError(f"unknown command {kind!r}")
         except redis.exceptions.RedisError as e:
             raise self._error(e, command[0]) from e
@@ -289,7 +347,16 @@ class RedisLockBackend(BaseLockBackend):
 
     def keys_for(self, name: str) -> LockKeys:
         """Return the keys that hold lock ``name``."""
-        return LockKeys(self.key_prefix, name)
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = LockKeys(self.key_prefix, name)
+            # Hashing the name is the costliest local step of a cycle; remember
+            # the keys of short names (bounded, so it cannot grow unchecked).
+            if len(name) <= 256:
+                if len(self._keys) >= 4096:
+                    self._keys.clear()
+                self._keys[name] = keys
+        return keys
 
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
