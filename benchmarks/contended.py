@@ -1,0 +1,260 @@
+"""Four processes contending for one Redis lock with a tiny critical section.
+
+The workers are separate processes (spawned once, reused for every contender
+and round) that loop ``acquire; counter += 1; release`` on one lock name for a
+fixed window. Each records, on the machine-wide monotonic clock, when it asked
+for the lock, when it got it and when it let go; the parent merges the four
+logs to measure throughput, handoffs, waits, fairness and safety (lost
+updates of the shared counter, and any overlap of two critical sections).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass
+
+from .core import pct
+
+DISTLOCK = "django_distlock"
+REDISPY = "redis-py Lock, sleep 0.1 s"
+REDISPY_FAST = "redis-py Lock, sleep 1 ms"
+PRL = "python-redis-lock"
+POTTERY = "pottery Redlock, 1 master"
+CONTENDERS = [DISTLOCK, REDISPY, REDISPY_FAST, PRL, POTTERY]
+WORKERS = 4
+TTL = 30
+
+
+def _make(kind: str, url: str):
+    """Return ``cycle_parts(name) -> (acquire, release)`` for a contender."""
+    import redis
+
+    if kind == DISTLOCK:
+        from django_distlock import lock
+
+        def parts(name):
+            held = lock(name, ttl=TTL, timeout=30)
+            return (lambda: held.acquire() or _fail(name)), held.release
+
+        return parts
+    client = redis.Redis.from_url(url)
+    if kind in (REDISPY, REDISPY_FAST):
+        sleep = 0.1 if kind == REDISPY else 0.001
+
+        def parts(name):
+            held = client.lock(name, timeout=TTL, sleep=sleep, blocking_timeout=30)
+            return (lambda: held.acquire() or _fail(name)), held.release
+
+        return parts
+    if kind == PRL:
+        import redis_lock
+
+        def parts(name):
+            held = redis_lock.Lock(client, name, expire=TTL)
+            return (lambda: held.acquire(timeout=30) or _fail(name)), held.release
+
+        return parts
+    if kind == POTTERY:
+        from pottery import Redlock
+
+        def parts(name):
+            held = Redlock(key=name, masters={client}, auto_release_time=TTL)
+            return (
+                lambda: held.acquire(blocking=True, timeout=30) or _fail(name)
+            ), held.release
+
+        return parts
+    raise ValueError(kind)
+
+
+def _fail(name):
+    raise RuntimeError(f"{name}: not acquired within 30 s")
+
+
+def _worker(index: int, tasks, results, counter) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    from .common import quiet_imports
+
+    quiet_imports()
+    import django
+
+    django.setup()
+    results.put((index, None, None))  # ready
+    made = {}
+    clock = time.monotonic_ns
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        kind, url, name, start_at, stop_at = task
+        try:
+            if kind not in made:
+                made[kind] = _make(kind, url)
+            parts = made[kind]
+            # Connect and load scripts on a name of our own, before the start.
+            acquire, release = parts(f"{name}:warm:{index}")
+            acquire()
+            release()
+            log = []
+            while clock() < start_at:
+                time.sleep(0.0005)
+            while clock() < stop_at:
+                acquire, release = parts(name)
+                t_req = clock()
+                acquire()
+                t_acq = clock()
+                counter.value = counter.value + 1
+                t_rel = clock()
+                release()
+                log.append((t_req, t_acq, t_rel))
+            results.put((index, log, None))
+        except Exception as e:  # reported by the parent
+            results.put((index, [], f"{type(e).__name__}: {e}"))
+
+
+@dataclass
+class Outcome:
+    name: str
+    window_s: float
+    cycles: int
+    cycles_per_s: float
+    handoffs: int
+    changed_share: float
+    gap_p50_ms: float
+    gap_p99_ms: float
+    wait_p50_ms: float
+    wait_p99_ms: float
+    wait_max_ms: float
+    per_worker: list[int]
+    slowest_vs_fastest: float
+    lost_updates: int
+    overlaps: int
+    waits_ms: list[float]
+
+
+def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
+    """Merge the workers' logs into one Outcome."""
+    events = sorted(
+        (t_acq, t_rel, t_req, worker)
+        for worker, log in logs.items()
+        for (t_req, t_acq, t_rel) in log
+    )
+    total = len(events)
+    in_window = [e for e in events if e[0] <= stop_at]
+    window_s = (stop_at - start_at) / 1e9
+    changed = 0
+    gaps = []
+    overlaps = 0
+    latest_release = None
+    for prev, cur in zip(events, events[1:]):
+        if cur[3] != prev[3]:
+            changed += 1
+        gaps.append((cur[0] - prev[1]) / 1e6)
+    for t_acq, t_rel, _, _ in events:
+        if latest_release is not None and t_acq < latest_release:
+            overlaps += 1
+        latest_release = max(latest_release or 0, t_rel)
+    waits = [(t_acq - t_req) / 1e6 for t_acq, _, t_req, _ in events]
+    per_worker = [sum(1 for e in in_window if e[3] == w) for w in sorted(logs)]
+    handoffs = max(total - 1, 0)
+    return Outcome(
+        name=name,
+        window_s=window_s,
+        cycles=len(in_window),
+        cycles_per_s=len(in_window) / window_s,
+        handoffs=handoffs,
+        changed_share=changed / handoffs if handoffs else float("nan"),
+        gap_p50_ms=pct(gaps, 50),
+        gap_p99_ms=pct(gaps, 99),
+        wait_p50_ms=pct(waits, 50),
+        wait_p99_ms=pct(waits, 99),
+        wait_max_ms=max(waits, default=float("nan")),
+        per_worker=per_worker,
+        slowest_vs_fastest=min(per_worker) / max(per_worker)
+        if per_worker and max(per_worker)
+        else float("nan"),
+        lost_updates=total - counter_value,
+        overlaps=overlaps,
+        waits_ms=waits,
+    )
+
+
+def merge(outcomes: list[Outcome]) -> Outcome:
+    """Combine the rounds of one contender (sums, and percentiles of rounds)."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    window = sum(o.window_s for o in outcomes)
+    cycles = sum(o.cycles for o in outcomes)
+    handoffs = sum(o.handoffs for o in outcomes)
+    per_worker = [sum(c) for c in zip(*(o.per_worker for o in outcomes))]
+    waits = [w for o in outcomes for w in o.waits_ms]
+    return Outcome(
+        name=outcomes[0].name,
+        window_s=window,
+        cycles=cycles,
+        cycles_per_s=cycles / window,
+        handoffs=handoffs,
+        changed_share=sum(o.changed_share * o.handoffs for o in outcomes) / handoffs,
+        # Gap percentiles are not additive: report the worst round's.
+        gap_p50_ms=max(o.gap_p50_ms for o in outcomes),
+        gap_p99_ms=max(o.gap_p99_ms for o in outcomes),
+        wait_p50_ms=pct(waits, 50),
+        wait_p99_ms=pct(waits, 99),
+        wait_max_ms=max(waits),
+        per_worker=per_worker,
+        slowest_vs_fastest=min(o.slowest_vs_fastest for o in outcomes),
+        lost_updates=sum(o.lost_updates for o in outcomes),
+        overlaps=sum(o.overlaps for o in outcomes),
+        waits_ms=waits,
+    )
+
+
+def run(ctx) -> dict:
+    """Return {"outcomes": {name: Outcome}} for every contender."""
+    mp = multiprocessing.get_context("spawn")
+    tasks = [mp.Queue() for _ in range(WORKERS)]
+    results = mp.Queue()
+    counter = mp.RawValue("q", 0)
+    procs = [
+        mp.Process(target=_worker, args=(i, tasks[i], results, counter), daemon=True)
+        for i in range(WORKERS)
+    ]
+    for p in procs:
+        p.start()
+    for _ in range(WORKERS):
+        results.get(timeout=120)  # each worker is ready once Django is set up
+    rounds = ctx.size(full=2, quick=1)
+    window = ctx.size(full=4.0, quick=0.5)
+    by_name: dict[str, list[Outcome]] = {n: [] for n in CONTENDERS}
+    try:
+        for r in range(rounds):
+            order = CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]
+            for kind in order:
+                counter.value = 0
+                name = f"bench:c:{kind}:{r}"
+                lead = 0.5
+                start_at = time.monotonic_ns() + int(lead * 1e9)
+                stop_at = start_at + int(window * 1e9)
+                for q in tasks:
+                    q.put((kind, ctx.redis_url, name, start_at, stop_at))
+                logs = {}
+                for _ in range(WORKERS):
+                    index, log, error = results.get(timeout=window + lead + 120)
+                    if error:
+                        raise RuntimeError(f"{kind}: worker {index}: {error}")
+                    logs[index] = log
+                by_name[kind].append(
+                    analyse(kind, logs, start_at, stop_at, counter.value)
+                )
+                ctx.progress(f"{kind}, round {r + 1}/{rounds}")
+    finally:
+        for q in tasks:
+            q.put(None)
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return {"outcomes": {n: merge(o) for n, o in by_name.items()}}

@@ -1,0 +1,77 @@
+"""PostgreSQL, uncontended cycle: django_distlock's database backend vs peers.
+
+The floor is a raw ``pg_advisory_lock`` + ``pg_advisory_unlock`` on a psycopg
+connection in autocommit mode (two round trips, no transaction, no lease).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from .core import alternate, cycles
+
+FLOOR = "raw pg_advisory_lock + pg_advisory_unlock"
+DISTLOCK = "django_distlock database backend"
+PGLOCKS = "django-pglocks advisory_lock"
+DB_MUTEX = "django-db-mutex"
+ROW_LOCK = "raw BEGIN; SELECT ... FOR UPDATE; COMMIT"
+
+TARGETS = {DISTLOCK: (FLOOR, 3.0)}
+
+
+def run(ctx) -> dict:
+    from django.db import connection
+
+    key = zlib.crc32(b"bench:d:floor")
+    raw = ctx.pg.connect()
+    raw.execute("CREATE TABLE IF NOT EXISTS bench_rowlock (name text PRIMARY KEY)")
+    raw.execute("INSERT INTO bench_rowlock VALUES ('x') ON CONFLICT DO NOTHING")
+
+    def floor():
+        raw.execute("SELECT pg_advisory_lock(%s)", (key,)).fetchone()
+        raw.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()
+
+    def row_lock():
+        with raw.transaction():
+            raw.execute(
+                "SELECT name FROM bench_rowlock WHERE name = 'x' FOR UPDATE"
+            ).fetchone()
+
+    def pglocks():
+        from django_pglocks import advisory_lock
+
+        with advisory_lock("bench:d:pglocks"):
+            pass
+
+    def db_mutex():
+        from db_mutex.db_mutex import db_mutex as mutex
+
+        with mutex("bench:d:db-mutex"):
+            pass
+
+    runners = {
+        FLOOR: cycles(floor),
+        ROW_LOCK: cycles(row_lock),
+        PGLOCKS: cycles(pglocks),
+        DB_MUTEX: cycles(db_mutex),
+    }
+    if ctx.has_database_backend:
+        from django_distlock import lock
+
+        def distlock():
+            with lock("bench:d:distlock", using="db", auto_renew=False):
+                pass
+
+        runners[DISTLOCK] = cycles(distlock)
+    connection.ensure_connection()
+    try:
+        series = alternate(
+            runners,
+            rounds=ctx.size(full=12, quick=2),
+            per_round=ctx.size(full=150, quick=20),
+            warmup=ctx.size(full=50, quick=5),
+            progress=ctx.progress,
+        )
+    finally:
+        raw.close()
+    return {"series": series, "targets": TARGETS, "floor": FLOOR}

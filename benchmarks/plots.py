@@ -1,0 +1,168 @@
+"""PNG plots of a run (matplotlib, Agg backend), for docs/performance.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .core import pct
+
+DISTLOCK_COLOR = "#1f77b4"
+PEER_COLOR = "#9e9e9e"
+FLOOR_COLOR = "#2ca02c"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(name: str, floor: str) -> str:
+    if name == floor:
+        return FLOOR_COLOR
+    return DISTLOCK_COLOR if "django_distlock" in name else PEER_COLOR
+
+
+def ratio_bars(block: dict, title: str, path: Path, target: float | None) -> Path:
+    """Horizontal bars: p50 as a multiple of the floor, whisker to p99."""
+    plt = _plt()
+    s = block["series"]
+    floor = s[block["floor"]].p(50)
+    names = list(s)[::-1]
+    p50 = [s[n].p(50) / floor for n in names]
+    p99 = [s[n].p(99) / floor for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6))
+    ax.barh(names, p50, color=[_color(n, block["floor"]) for n in names])
+    ax.errorbar(
+        p50,
+        names,
+        xerr=[[0] * len(names), [b - a for a, b in zip(p50, p99)]],
+        fmt="none",
+        ecolor="black",
+        capsize=3,
+        lw=0.8,
+    )
+    for y, (v, n) in enumerate(zip(p50, names)):
+        ax.text(v, y, f" {v:.2f}x  ({s[n].p(50):.0f} µs)", va="center", fontsize=8)
+    if target:
+        ax.axvline(target, color="red", ls="--", lw=1)
+        ax.text(target, len(names) - 0.4, f" target {target}x", color="red", fontsize=8)
+    ax.axvline(1.0, color=FLOOR_COLOR, lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 cycle as a multiple of the floor (whisker: p99); log scale")
+    ax.set_title(title)
+    ax.margins(x=0.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def contended_plot(block: dict, path: Path) -> Path:
+    """Left: cycles/s and holder-changed share. Right: CDF of the waits."""
+    plt = _plt()
+    o = block["outcomes"]
+    names = list(o)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = [_color(n, "") for n in names]
+    rev = names[::-1]
+    ax1.barh(rev, [o[n].cycles_per_s for n in rev], color=colors[::-1])
+    for y, n in enumerate(rev):
+        ax1.text(
+            o[n].cycles_per_s,
+            y,
+            f" {o[n].cycles_per_s:.0f}/s, holder changed {o[n].changed_share:.0%}",
+            va="center",
+            fontsize=8,
+        )
+    ax1.set_xlabel("cycles per second, 4 processes, one lock")
+    ax1.margins(x=0.6)
+    ax1.set_title("Throughput (and share of handoffs to another worker)")
+    for n in names:
+        waits = sorted(max(w, 1e-3) for w in o[n].waits_ms)
+        if not waits:
+            continue
+        ys = [(i + 1) / len(waits) for i in range(len(waits))]
+        style = "-" if "django_distlock" in n else "--"
+        ax2.step(
+            waits,
+            ys,
+            where="post",
+            label=n,
+            ls=style,
+            lw=2 if "django_distlock" in n else 1.2,
+        )
+    ax2.axvline(20, color="red", ls=":", lw=1)
+    ax2.text(20, 0.05, " 20 ms target (max)", color="red", fontsize=8)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("wait for the lock, ms (log scale)")
+    ax2.set_ylabel("share of acquisitions")
+    ax2.set_title("Wait distribution (CDF)")
+    ax2.legend(fontsize=8, loc="lower right")
+    ax2.grid(True, which="both", alpha=0.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def memory_plot(block: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    names = ["bare SET NX PX key", "django_distlock lease"]
+    values = [block["bare_bytes"], block["distlock_bytes"]]
+    ax.barh(names, values, color=[FLOOR_COLOR, DISTLOCK_COLOR])
+    ax.axvline(3 * block["bare_bytes"], color="red", ls="--", lw=1)
+    ax.text(3 * block["bare_bytes"], 1.35, " target: 3x bare", color="red", fontsize=8)
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:.0f} B", va="center", fontsize=9)
+    ax.set_xlabel(f"Redis memory per held lock ({block['count']:,} locks)")
+    ax.margins(x=0.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(results: dict, out: Path) -> list[Path]:
+    written = []
+    if "uncontended" in results:
+        written.append(
+            ratio_bars(
+                results["uncontended"],
+                "Uncontended acquire + release on one Redis",
+                out / "bench_uncontended.png",
+                1.10,
+            )
+        )
+    if "contended" in results:
+        written.append(
+            contended_plot(results["contended"], out / "bench_contended.png")
+        )
+    if "redlock" in results:
+        written.append(
+            ratio_bars(
+                results["redlock"],
+                "Redlock on 5 redis-server processes (floor: raw fan-out)",
+                out / "bench_redlock.png",
+                1.2,
+            )
+        )
+    if "database" in results:
+        written.append(
+            ratio_bars(
+                results["database"],
+                "PostgreSQL, uncontended cycle (floor: advisory lock pair)",
+                out / "bench_database.png",
+                3.0,
+            )
+        )
+    if "scale" in results:
+        written.append(memory_plot(results["scale"], out / "bench_memory.png"))
+    return written
+
+
+__all__ = ["pct", "write_all"]

@@ -1,0 +1,149 @@
+"""100,000 held locks: Redis memory per lock, ``locks list`` and admin page time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .common import token
+from .core import pct
+
+BARE_BYTES_TARGET_FACTOR = 3
+LIST_TARGET_S = 2.0
+ADMIN_TARGET_MS = 300.0
+
+
+def _used_memory(client) -> int:
+    # Let lazy frees and the allocator settle before reading.
+    time.sleep(0.2)
+    return int(client.info("memory")["used_memory"])
+
+
+def _names(count: int) -> list[str]:
+    return [f"bench:scale:{i:07d}" for i in range(count)]
+
+
+def run(ctx) -> dict:
+    import redis
+
+    from django_distlock import lock
+
+    count = ctx.size(full=100_000, quick=2_000)
+    client = redis.Redis.from_url(ctx.redis_url)
+    client.flushall()
+    out: dict = {"count": count}
+
+    # A bare held lock: SET key token NX PX (26-byte key, 32-byte token).
+    base = _used_memory(client)
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.set(f"distlock:bare:{i:014d}", token(), nx=True, px=3_600_000)
+        if i % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+    out["bare_bytes"] = (_used_memory(client) - base) / count
+    client.flushall()
+
+    # The same number of django_distlock leases, through the public API.
+    base = _used_memory(client)
+    started = time.monotonic()
+
+    def take(chunk):
+        for name in chunk:
+            if not lock(name, ttl=3600, timeout=0, auto_renew=False).acquire():
+                raise RuntimeError(f"{name} was not free")
+
+    names = _names(count)
+    chunks = [names[i::8] for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(take, chunks))
+    out["acquire_s"] = time.monotonic() - started
+    out["distlock_bytes"] = (_used_memory(client) - base) / count
+    out["ratio"] = out["distlock_bytes"] / out["bare_bytes"]
+    ctx.progress(f"{count} leases held")
+
+    if ctx.has_locks_command:
+        out.update(_locks_list(ctx, count))
+        ctx.progress("locks list timed")
+    if ctx.has_admin:
+        out.update(_admin_page(ctx))
+        ctx.progress("admin page timed")
+    client.flushall()
+    return out
+
+
+def _locks_list(ctx, count: int) -> dict:
+    import io
+
+    from django.core.management import call_command
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"}
+    argv = [sys.executable, "-m", "django", "locks", "list", "--using", "default"]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*argv, "--format", "json"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        cwd=ctx.root,
+    )
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"locks list failed: {proc.stderr.decode()[-2000:]}")
+    listed = len(json.loads(proc.stdout))
+    if listed != count:
+        raise RuntimeError(f"locks list showed {listed} locks, not {count}")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*argv, "--format", "table"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        cwd=ctx.root,
+    )
+    wall_table = time.monotonic() - started
+    started = time.monotonic()
+    call_command(
+        "locks", "list", "--using", "default", "--format", "json", stdout=io.StringIO()
+    )
+    inproc = time.monotonic() - started
+    return {
+        "list_json_s": wall,
+        "list_table_s": wall_table,
+        "list_inprocess_s": inproc,
+    }
+
+
+def _admin_page(ctx) -> dict:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    user_model = get_user_model()
+    user, _ = user_model.objects.get_or_create(
+        username="bench-admin",
+        defaults={"is_staff": True, "is_superuser": True},
+    )
+    client = Client()
+    client.force_login(user)
+    url = reverse("admin:django_distlock_lock_changelist")
+    times = []
+    for _ in range(ctx.size(full=7, quick=2)):
+        started = time.monotonic()
+        response = client.get(url)
+        times.append((time.monotonic() - started) * 1000)
+        if response.status_code != 200:
+            raise RuntimeError(f"admin changelist answered {response.status_code}")
+    searched = time.monotonic()
+    response = client.get(url, {"q": "bench:scale:0001"})
+    search_ms = (time.monotonic() - searched) * 1000
+    return {
+        "admin_first_ms": times[0],
+        "admin_p50_ms": pct(times[1:] or times, 50),
+        "admin_max_ms": max(times),
+        "admin_search_ms": search_ms,
+    }

@@ -1,0 +1,141 @@
+"""Uncontended acquire + release on one Redis: django_distlock vs the peers.
+
+Every contender does the whole cycle a user writes (``with <lock>: pass``),
+including creating its lock object; the floor does the two commands a safe
+Redis lock needs and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from .common import CAD_SCRIPT, TTL_MS, floor_cycle, token
+from .core import alternate, cycles
+
+FLOOR = "raw floor: SET NX PX + EVALSHA"
+DISTLOCK = "django_distlock lock(), auto_renew off"
+DISTLOCK_RENEW = "django_distlock lock(), auto_renew on"
+REDISPY = "redis-py Lock"
+DJANGO_REDIS = "django-redis cache.lock()"
+PRL = "python-redis-lock"
+PRL_RENEW = "python-redis-lock, auto_renewal"
+POTTERY = "pottery Redlock, 1 master"
+AFLOOR = "async raw floor (redis.asyncio)"
+ADISTLOCK = "django_distlock async with lock(), auto_renew off"
+ADISTLOCK_RENEW = "django_distlock async with lock(), auto_renew on"
+
+#: Targets from issue 7: contender -> (reference contender, highest ratio).
+TARGETS = {
+    DISTLOCK: (FLOOR, 1.10),
+    DISTLOCK_RENEW: (FLOOR, 1.15),
+    ADISTLOCK: (DISTLOCK, 1.20),
+    ADISTLOCK_RENEW: (DISTLOCK_RENEW, 1.20),
+}
+
+
+def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
+    import redis
+    import redis.asyncio as aredis
+    import redis_lock
+    from django.core.cache import cache
+    from pottery import Redlock
+
+    from django_distlock import lock
+
+    client = redis.Redis.from_url(url)
+    aclient = aredis.Redis.from_url(url)
+    runners = {}
+    runners[FLOOR] = cycles(floor_cycle(client, "bench:u:floor"))
+
+    def distlock():
+        with lock("bench:u:distlock", auto_renew=False):
+            pass
+
+    def distlock_renew():
+        with lock("bench:u:distlock-renew", auto_renew=True):
+            pass
+
+    def redispy():
+        with client.lock("bench:u:redispy", timeout=TTL_MS / 1000):
+            pass
+
+    def django_redis():
+        with cache.lock("bench:u:django-redis", timeout=TTL_MS / 1000):
+            pass
+
+    def prl():
+        with redis_lock.Lock(client, "bench:u:prl", expire=TTL_MS // 1000):
+            pass
+
+    def prl_renew():
+        with redis_lock.Lock(
+            client, "bench:u:prl-renew", expire=TTL_MS // 1000, auto_renewal=True
+        ):
+            pass
+
+    def pottery():
+        with Redlock(
+            key="bench:u:pottery", masters={client}, auto_release_time=TTL_MS / 1000
+        ):
+            pass
+
+    runners[DISTLOCK] = cycles(distlock)
+    runners[DISTLOCK_RENEW] = cycles(distlock_renew)
+    runners[REDISPY] = cycles(redispy)
+    runners[DJANGO_REDIS] = cycles(django_redis)
+    runners[PRL] = cycles(prl)
+    runners[PRL_RENEW] = cycles(prl_renew)
+    runners[POTTERY] = cycles(pottery)
+
+    clock = time.perf_counter_ns
+    sha = loop.run_until_complete(aclient.script_load(CAD_SCRIPT))
+
+    async def afloor(n):
+        out = []
+        for _ in range(n):
+            t0 = clock()
+            tok = token()
+            if not await aclient.set("bench:u:afloor", tok, nx=True, px=TTL_MS):
+                raise RuntimeError("async floor: key unexpectedly held")
+            await aclient.evalsha(sha, 1, "bench:u:afloor", tok)
+            out.append(clock() - t0)
+        return out
+
+    def alock(name, renew):
+        async def batch(n):
+            out = []
+            for _ in range(n):
+                t0 = clock()
+                async with lock(name, auto_renew=renew):
+                    pass
+                out.append(clock() - t0)
+            return out
+
+        return batch
+
+    def on_loop(batch):
+        return lambda n: loop.run_until_complete(batch(n))
+
+    runners[AFLOOR] = on_loop(afloor)
+    runners[ADISTLOCK] = on_loop(alock("bench:u:adistlock", False))
+    runners[ADISTLOCK_RENEW] = on_loop(alock("bench:u:adistlock-renew", True))
+    return runners
+
+
+def run(ctx) -> dict:
+    """Return {"series": {name: Series}, "targets": TARGETS}."""
+    loop = asyncio.new_event_loop()
+    try:
+        runners = _runners(ctx.redis_url, loop)
+        series = alternate(
+            runners,
+            rounds=ctx.size(full=20, quick=3),
+            per_round=ctx.size(full=200, quick=40),
+            warmup=ctx.size(full=200, quick=20),
+            progress=ctx.progress,
+        )
+    finally:
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+    return {"series": series, "targets": TARGETS, "floor": FLOOR}
