@@ -8,6 +8,7 @@ import importlib.util
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from .servers import PostgresDatabase, RedisServer
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ["uncontended", "contended", "redlock", "database", "scale"]
 REDLOCK_NODES = 5
-PG_NAME = "distlock_bench"
+#: Our own database (the pid keeps a smoke run apart from a full run).
+PG_NAME = f"distlock_bench_{os.getpid()}"
 
 
 def has_module(name: str) -> bool:
@@ -103,6 +105,9 @@ def main(argv=None) -> int:
     ctx.has_redlock_backend = has_module("django_distlock.backends.redlock")
     ctx.has_database_backend = has_module("django_distlock.backends.database")
     ctx.has_locks_command = has_module("django_distlock.management.commands.locks")
+    sqlite_path = os.path.join(
+        tempfile.gettempdir(), f"distlock-bench-{os.getpid()}.sqlite3"
+    )
     servers: list[RedisServer] = []
     results: dict = {}
     errors: dict[str, str] = {}
@@ -120,6 +125,7 @@ def main(argv=None) -> int:
         os.environ["DISTLOCK_BENCH_REDIS"] = ctx.redis_url
         os.environ["DISTLOCK_BENCH_REDLOCK"] = ",".join(ctx.redlock_urls)
         os.environ["DISTLOCK_BENCH_PG"] = ctx.pg.name if ctx.pg else ""
+        os.environ["DISTLOCK_BENCH_SQLITE"] = sqlite_path
         os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
         setup_django(ctx)
         meta = collect_meta(ctx, servers[0])
@@ -145,6 +151,8 @@ def main(argv=None) -> int:
 
             connections.close_all()
             ctx.pg.drop()
+        if os.path.exists(sqlite_path):
+            os.unlink(sqlite_path)
     meta["load_end"] = os.getloadavg()
     meta["duration_s"] = time.monotonic() - ctx.started
 

@@ -38,7 +38,10 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.path.join(tempfile.gettempdir(), "distlock-bench.sqlite3"),
+            "NAME": os.environ.get(
+                "DISTLOCK_BENCH_SQLITE",
+                os.path.join(tempfile.gettempdir(), "distlock-bench.sqlite3"),
+            ),
         }
     }
 
