@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
+import redis
+from django.test import override_settings
+
+from django_distlock import LockBackendError, LockLost, backends, lock, locks
+from django_distlock.backends.redis import RELEASE
 
 from .conftest import redis_locks
 from .contract import LockBackendContract
+from .servers import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -16,3 +26,217 @@ class TestRedisContract(LockBackendContract):
     @pytest.fixture
     def locks_setting(self, redis_url):
         return redis_locks(redis_url)
+
+
+# -- Redis-specific behaviour ---------------------------------------------
+
+
+@pytest.fixture
+def own_server():
+    """A redis-server of this test alone (it gets killed, paused, restarted)."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def _settings(url: str, **options) -> dict:
+    return redis_locks(url, OPTIONS=options) if options else redis_locks(url)
+
+
+def _elapsed(func) -> tuple[float, BaseException | None]:
+    started = time.monotonic()
+    try:
+        func()
+    except BaseException as e:  # noqa: BLE001 - returned to the test
+        return time.monotonic() - started, e
+    return time.monotonic() - started, None
+
+
+class TestUnreachable:
+    """A dead or paused server raises LockBackendError, never hangs."""
+
+    def test_closed_port(self):
+        with override_settings(LOCKS=_settings(f"redis://127.0.0.1:{free_port()}/0")):
+            took, error = _elapsed(lambda: lock("x", timeout=5).acquire())
+            assert isinstance(error, LockBackendError), error
+            assert isinstance(error.__cause__, redis.exceptions.RedisError)
+            with pytest.raises(LockBackendError):
+                with lock("x"):
+                    pass  # pragma: no cover
+        assert took < 1.0  # socket timeouts are 2 s + 1 s: refused is immediate
+
+    def test_killed_server_on_acquire_and_release(self, own_server):
+        with override_settings(LOCKS=_settings(own_server.url)):
+            held = lock("x", auto_renew=False)
+            assert held.acquire()
+            own_server.kill()
+            took, error = _elapsed(held.release)
+            assert isinstance(error, LockBackendError), error
+            assert took < 1.0
+            took, error = _elapsed(lambda: lock("y", timeout=5).acquire())
+            assert isinstance(error, LockBackendError), error
+            assert took < 1.0
+
+    def test_paused_server_times_out(self, own_server):
+        with override_settings(LOCKS=_settings(own_server.url, SOCKET_TIMEOUT=0.5)):
+            assert lock("warm", timeout=0).acquire()  # a pooled connection exists
+            own_server.pause()
+            try:
+                took, error = _elapsed(lambda: lock("x", timeout=5).acquire())
+                assert isinstance(error, LockBackendError), error
+                assert 0.4 <= took < 3.0
+                # A fresh connection to a stopped server (the kernel accepts it).
+                locks.reset()
+                took, error = _elapsed(lambda: lock("x", timeout=0).acquire())
+                assert isinstance(error, LockBackendError), error
+                assert took < 3.0
+            finally:
+                own_server.resume()
+            # The timed-out commands were still delivered when the server woke
+            # up, so "x" may be held by those ghosts until their ttl: a timeout
+            # does not say the command failed. Other names work at once.
+            assert lock("z", timeout=0).acquire()
+
+    def test_works_again_after_restart_without_new_client(self, own_server):
+        with override_settings(LOCKS=_settings(own_server.url)):
+            with lock("x") as first:
+                first_token = first.fencing_token
+            backend = locks["default"]
+            own_server.restart()
+            # The pooled connection is stale: it is replaced, no error surfaces.
+            with lock("x", timeout=0) as second:
+                assert second.fencing_token > first_token
+            assert locks["default"] is backend
+
+    def test_lease_lost_when_server_restarts_empty(self, own_server):
+        with override_settings(LOCKS=_settings(own_server.url)):
+            with pytest.raises(LockLost):
+                with lock("x", auto_renew=False):
+                    own_server.restart()
+
+    def test_async_unreachable(self):
+        async def scenario():
+            with pytest.raises(LockBackendError):
+                await lock("x", timeout=1).aacquire()
+
+        with override_settings(LOCKS=_settings(f"redis://127.0.0.1:{free_port()}/0")):
+            took, error = _elapsed(lambda: asyncio.run(scenario()))
+        assert error is None
+        assert took < 2.0
+
+
+class TestScripts:
+    """Scripts are loaded on demand and take values only through ARGV."""
+
+    def test_recover_after_script_flush(self, redis_url, redis_server):
+        with override_settings(LOCKS=_settings(redis_url)):
+            held = lock("x", auto_renew=False)
+            assert held.acquire()
+            redis_server.client().script_flush()
+            held.extend(5)
+            held.release()
+            redis_server.client().script_flush()
+            with lock("x", timeout=0):
+                pass
+
+    def test_renewal_recovers_after_script_flush(self, redis_url, redis_server):
+        with override_settings(LOCKS=_settings(redis_url)):
+            with lock("x", ttl=0.6) as held:
+                redis_server.client().script_flush()
+                time.sleep(2.0)
+                assert held.locked()
+                assert lock("x", timeout=0).acquire() is False
+
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "x') redis.call('flushall') --",
+            "]] .. redis.call('flushall') .. [[",
+            "%s %d \\0 {tag} * ? [a-z]",
+            "KEYS[1]",
+        ],
+    )
+    def test_names_with_lua_and_glob_syntax(self, redis_url, redis_server, name):
+        client = redis_server.client()
+        client.set("canary", "1")
+        with override_settings(LOCKS=_settings(redis_url)):
+            with lock(name) as held:
+                assert [h.name for h in locks["default"].holders()] == [name]
+                assert lock(name, timeout=0).acquire() is False
+                assert lock(name + "x", timeout=0).acquire() is True
+                held.extend(5)
+        assert client.get("canary") == b"1"
+
+    def test_scripts_read_values_only_from_argv(self):
+        # No script builds Lua source or a command from data, and no value is
+        # spliced into a script on the Python side: every .lua file is static.
+        for path in Path(backends.__file__).parent.glob("redis_*.lua"):
+            source = path.read_text()
+            assert "loadstring" not in source and "load(" not in source, path
+            assert "redis.call('eval" not in source.lower(), path
+        path = Path(backends.__file__).parent / "redis_release.lua"
+        assert RELEASE.source == path.read_text()
+
+
+class TestCacheOption:
+    """OPTIONS["CACHE"] reuses a django-redis cache's connection pool."""
+
+    def test_lock_through_django_redis_cache(self, redis_url):
+        from django_redis import get_redis_connection
+
+        caches_setting = {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "locks": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": redis_url,
+            },
+        }
+        locks_setting = {
+            "default": {
+                "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+                "OPTIONS": {"CACHE": "locks"},
+            }
+        }
+        with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
+            pool = get_redis_connection("locks").connection_pool
+            assert locks["default"].client.connection_pool is pool
+            with lock("x") as held:
+                assert held.locked()
+                assert lock("x", timeout=0).acquire() is False
+            assert pool._created_connections >= 1
+            assert lock("x", timeout=0).acquire()
+
+            async def scenario():
+                async with lock("y") as held:
+                    assert await held.alocked()
+
+            asyncio.run(scenario())
+
+
+class TestLayout:
+    """What a held lock costs and where it lives."""
+
+    def test_keys_inside_prefix_and_one_hash_slot(self, redis_url, redis_server):
+        with override_settings(LOCKS=_settings(redis_url)):
+            with lock("report:daily"):
+                keys = redis_server.client().keys("*")
+        assert len(keys) == 1
+        assert keys[0].startswith(b"distlock:{")
+
+    def test_memory_per_held_lock(self, redis_url, redis_server):
+        client = redis_server.client()
+        with override_settings(LOCKS=_settings(redis_url)):
+            with lock("report:daily"):
+                (key,) = client.keys("*")
+                usage = client.memory_usage(key, samples=0)
+        assert usage < 400, usage
+
+    def test_waiter_queue_cleans_up(self, redis_url, redis_server):
+        with override_settings(LOCKS=_settings(redis_url)):
+            with lock("x"):
+                assert lock("x", timeout=0.2).acquire() is False
+            client = redis_server.client()
+            deadline = time.monotonic() + 5
+            while client.keys("*") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert client.keys("*") == []

@@ -87,6 +87,7 @@ class RedisLockBackend(BaseLockBackend):
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._idle: list = []
         self._keys: dict[str, LockKeys] = {}
+        self._shared_pool = bool(self.options.get("CACHE"))
         self._pid = os.getpid()
 
     OPTION_KEYS = {
@@ -211,9 +212,16 @@ class RedisLockBackend(BaseLockBackend):
             import redis.asyncio as aredis
 
             if self.options.get("CACHE"):
-                kwargs = dict(self.client.connection_pool.connection_kwargs)
-                kwargs.pop("connection_class", None)
-                kwargs.pop("parser_class", None)
+                # The cache's connection settings, minus what only the sync
+                # pool understands (its parser, driver-internal registries).
+                import inspect
+
+                accepted = inspect.signature(aredis.Redis).parameters
+                kwargs = {
+                    k: v
+                    for k, v in self.client.connection_pool.connection_kwargs.items()
+                    if k in accepted and k not in ("connection_class", "parser_class")
+                }
                 client = aredis.Redis(**kwargs)
             else:
                 client = aredis.Redis.from_url(self.location, **self._client_kwargs())
@@ -238,7 +246,14 @@ class RedisLockBackend(BaseLockBackend):
         )
 
     def _checkout(self):
-        """Return an idle connection of this process (or a new one)."""
+        """Return an idle connection of this process (or a new one).
+
+        With ``OPTIONS["CACHE"]`` the connection comes from the django-redis
+        cache's pool, shared with the cache; otherwise from the backend's
+        own list of idle connections (same settings, lighter bookkeeping).
+        """
+        if self._shared_pool:
+            return self.client.connection_pool.get_connection()
         if self._pid != os.getpid():
             # Forked: the parent's sockets are not ours to use or close.
             self._idle = []
@@ -264,6 +279,7 @@ class RedisLockBackend(BaseLockBackend):
 
         conn = self._checkout()
         try:
+            conn.connect()  # no-op when connected; a refusal is raised once
             try:
                 if conn.can_read():
                     conn.disconnect()  # unread data: the stream is not ours
@@ -276,12 +292,16 @@ class RedisLockBackend(BaseLockBackend):
             raise
         except BaseException:
             conn.disconnect()
+            if self._shared_pool:
+                self._checkin(conn)  # the pool reconnects it when next used
             raise
         self._checkin(conn)
         return reply
 
     def _checkin(self, conn) -> None:
-        if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
+        if self._shared_pool:
+            self.client.connection_pool.release(conn)
+        elif len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
             self._idle.append(conn)
         else:
             conn.disconnect()
