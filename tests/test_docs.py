@@ -224,6 +224,8 @@ def docs_locks(redis_server, quorum_servers):
         "nested": {
             "BACKEND": "django_distlock.backends.redis.ReentrantRedisLockBackend",
             "LOCATION": url,
+            # Its own names: listings of "default" and "nested" stay apart.
+            "KEY_PREFIX": "nested",
         },
         "locmem": {"BACKEND": "django_distlock.backends.locmem.LocMemLockBackend"},
     }
