@@ -1,13 +1,371 @@
-"""Reentrant Redis locks, importable from ``django_distlock.backends.redis``."""
+"""Reentrant Redis locks, importable from ``django_distlock.backends.redis``.
+
+The owner of a lock is the current thread of the current process or, in
+asyncio code, the current task (as with :class:`threading.RLock`). An owner
+may take a lock it holds again without waiting and must release it as many
+times; every other owner is excluded until the count returns to zero.
+
+The lease is the plain backend's Redis hash (fields ``t f n h p th a``, so
+listing works unchanged) plus ``o`` (``"<owner> <token>"``) and ``c`` (the
+nesting count). Each operation is one Lua script. Nested acquisitions by one
+owner share the outermost acquisition's token and fencing token; releasing
+the last level releases the lock and hands it to the first queued waiter,
+exactly as the plain backend does, so waiting needs no polling.
+
+In this process, the :class:`ReentrantLease` objects of one owner's nested
+acquisitions share one :class:`_Hold`: its deadline, and its renewal, which
+therefore costs one round trip per owner and period, whatever the depth.
+"""
 
 from __future__ import annotations
 
-from .redis import RedisLockBackend
+import asyncio
+import itertools
+import math
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["ReentrantRedisLockBackend"]
+from ..exceptions import LockNotHeld
+from ..keys import encode_name
+from .base import Lease, holder_identity, new_token
+from .redis import (
+    CANCEL,
+    WAITER_GRACE_MS,
+    Command,
+    RedisLockBackend,
+    _ms,
+)
+from .scripts import load_script
+
+__all__ = ["ReentrantLease", "ReentrantRedisLockBackend", "current_owner"]
+
+R_ACQUIRE = load_script("redis_reentrant_acquire.lua")
+R_RELEASE = load_script("redis_reentrant_release.lua")
+R_EXTEND = load_script("redis_reentrant_extend.lua")
+R_ADOPT = load_script("redis_reentrant_adopt.lua")
+
+# -- owner identity ----------------------------------------------------------
+
+# A random id per process (new in a forked child) plus a per-process counter
+# per thread or task: unique across hosts, and never reused by a later thread
+# that happens to get a dead thread's ident.
+_process_id = secrets.token_hex(8)
+_counter = itertools.count(1)
+_thread_owner = threading.local()
+_task_owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _new_process_id() -> None:
+    global _process_id, _task_owners
+    _process_id = secrets.token_hex(8)
+    _task_owners = weakref.WeakKeyDictionary()
+
+
+os.register_at_fork(after_in_child=_new_process_id)
+
+
+def current_owner() -> str:
+    """Return the id of the caller as a lock owner.
+
+    That is the running asyncio task if there is one, else the current
+    thread, prefixed with this process's random id.
+    """
+    if asyncio._get_running_loop() is not None:
+        task = asyncio.current_task()
+        if task is not None:
+            owner = _task_owners.get(task)
+            if owner is None:
+                owner = _task_owners[task] = f"{_process_id}:a{next(_counter)}"
+            return owner
+    mine = getattr(_thread_owner, "owner", None)
+    if mine is None or mine[0] is not _process_id:
+        mine = _thread_owner.owner = (_process_id, f"{_process_id}:t{next(_counter)}")
+    return mine[1]
+
+
+# -- leases ------------------------------------------------------------------
+
+
+class _Hold:
+    """One owner's hold on one lock in this process: what its levels share."""
+
+    __slots__ = ("__weakref__", "deadline", "gone", "name", "owner", "refs", "token")
+
+    def __init__(self, name: str, token: str, owner: str, deadline: float):
+        self.name = name
+        self.token = token
+        self.owner = owner
+        self.deadline = deadline
+        self.gone = False
+        # Copy-on-write list of weak references: the watchdog thread reads it
+        # while the owner adds to it.
+        self.refs: list[weakref.ref] = []
+
+    def add(self, lease: ReentrantLease) -> None:
+        self.refs = [r for r in self.refs if r() is not None] + [weakref.ref(lease)]
+
+    def leases(self) -> list[ReentrantLease]:
+        """Return the levels still held through this process."""
+        return [
+            lease
+            for lease in (r() for r in self.refs)
+            if lease is not None and not lease.released
+        ]
+
+    def set_deadline(self, deadline: float) -> None:
+        self.deadline = deadline
+        for lease in self.leases():
+            lease.deadline = deadline
+
+
+@dataclass(eq=False)
+class ReentrantLease(Lease):
+    """One nesting level of a reentrant lock.
+
+    The levels of one owner have the same ``token`` and ``fencing_token``
+    and share one deadline.
+    """
+
+    owner: str = ""
+    hold: _Hold | None = field(default=None, repr=False)
+    released: bool = False
+
+    def check_owner_process(self) -> None:
+        """Raise LockNotHeld unless called by the owner: process and thread/task."""
+        super().check_owner_process()
+        if current_owner() != self.owner:
+            raise LockNotHeld(
+                f"Lock {self.name!r} is held by another thread or task; only "
+                "its owner can release or extend it.",
+                name=self.name,
+            )
+
+
+# -- the backend -------------------------------------------------------------
 
 
 class ReentrantRedisLockBackend(RedisLockBackend):
-    """Reentrant Redis locks: the owning thread (or task) may nest acquisitions."""
+    """Reentrant locks on one Redis server.
+
+    The owner (current thread, or current asyncio task) may acquire a lock it
+    holds again without waiting and must release it as many times. Nested
+    acquisitions keep the fencing token and refresh the lease to at least
+    their ``ttl``; auto-renewal renews each owner's lease once per period,
+    whatever the depth. A :class:`~django_distlock.locking.Lock` handle
+    handed to another thread is used by a different owner there: it waits
+    like anyone else and cannot release the first thread's levels.
+
+    Settings and OPTIONS are those of :class:`RedisLockBackend`. Aliases that
+    share a server and ``KEY_PREFIX`` share lock names: a plain and a
+    reentrant acquisition of one name exclude each other.
+    """
 
     reentrant = True
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        # (name, token) -> the hold of this process's owner of that lease.
+        self._holds: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    # -- the algorithm, as command generators -----------------------------
+
+    def _lease(
+        self, name: str, token: str, fence: Any, ttl: float, deadline: float, owner
+    ) -> ReentrantLease:
+        hold = self._holds.get((name, token))
+        if hold is None or hold.owner != owner or hold.gone:
+            hold = self._holds[(name, token)] = _Hold(name, token, owner, deadline)
+        lease = ReentrantLease(
+            alias=self.alias,
+            name=name,
+            token=token,
+            fencing_token=int(fence),
+            ttl=ttl,
+            deadline=deadline,
+            owner=owner,
+            hold=hold,
+        )
+        hold.add(lease)
+        hold.set_deadline(deadline)
+        return lease
+
+    def _acquire_steps(
+        self, name: str, ttl: float, timeout: float | None, token: str | None = None
+    ) -> Generator[Command, Any, Lease | None]:
+        keys = self.keys_for(name)
+        token = token or new_token()
+        owner = current_owner()
+        host, pid, thread = holder_identity()
+        ttl_ms = _ms(ttl)
+        start = time.monotonic()
+        deadline = math.inf if timeout is None else start + timeout
+        blocking = timeout is None or timeout > 0
+        slice_len = min(self.max_wait_slice, deadline - start)
+        args = [token, ttl_ms, encode_name(name), host, pid, thread]
+
+        sent = start
+        live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
+        reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+        wake = keys.wake_prefix + token
+        while not reply[0]:
+            now = time.monotonic()
+            if now >= deadline or not blocking:
+                if blocking:
+                    # Withdraw; a handoff that came first is kept.
+                    got, fence = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+                    if got:
+                        yield ("eval", R_ADOPT, (keys.lease,), [token, owner])
+                        return self._lease(name, token, fence, ttl, sent + ttl, owner)
+                return None
+            pttl = int(reply[1]) / 1000 if int(reply[1]) > 0 else 0.0
+            wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
+            if wait >= 0.001:
+                popped = yield ("blpop", wake, round(wait, 3))
+                if popped is not None:
+                    message = popped[1]
+                    if not message.startswith(b"+"):
+                        # Handed on by a plain release script: claim o and c.
+                        yield ("eval", R_ADOPT, (keys.lease,), [token, owner])
+                    return self._lease(name, token, message, ttl, sent + ttl, owner)
+            sent = time.monotonic()
+            slice_len = min(self.max_wait_slice, deadline - sent)
+            live_ms = _ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
+            reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+        _, fence, holder, pttl = reply
+        return self._lease(
+            name, holder.decode(), fence, ttl, sent + int(pttl) / 1000, owner
+        )
+
+    def _check_caller(self, lease: Lease) -> ReentrantLease:
+        if not isinstance(lease, ReentrantLease):
+            raise TypeError(f"{self!r} got a lease it did not make: {lease!r}")
+        lease.check_owner_process()
+        return lease
+
+    def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
+        lease = self._check_caller(lease)
+        if lease.released:
+            return False
+        lease.released = True
+        keys = self.keys_for(lease.name)
+        code = yield (
+            "eval",
+            R_RELEASE,
+            keys.triple,
+            [lease.token, keys.wake_prefix, lease.owner],
+        )
+        if code != 3:
+            lease.hold.gone = True
+        return code != 0
+
+    def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:
+        lease = self._check_caller(lease)
+        if lease.released or lease.hold.gone:
+            return False
+        sent = time.monotonic()
+        left = yield (
+            "eval",
+            R_EXTEND,
+            (self.keys_for(lease.name).lease,),
+            [lease.token, _ms(ttl), 0],
+        )
+        if not left:
+            lease.hold.gone = True
+            return False
+        lease.hold.set_deadline(sent + ttl)
+        return True
+
+    def _is_held_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
+        if getattr(lease, "released", False):
+            return False
+        return (yield from super()._is_held_steps(lease))
+
+    # -- renewal: once per owner, not per level ----------------------------
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew the holds behind ``leases``: one pipelined round trip in all.
+
+        Levels of one hold are renewed together, at the longest ttl among
+        its levels; a level whose hold was renewed recently enough costs no
+        round trip at all.
+        """
+        import redis
+
+        leases = list(leases)
+        results: list[bool | None] = [None] * len(leases)
+        now = time.monotonic()
+        groups: dict[int, tuple[_Hold, list[int]]] = {}
+        for i, lease in enumerate(leases):
+            hold = getattr(lease, "hold", None)
+            if hold is None or lease.released or hold.gone:
+                results[i] = False
+            else:
+                groups.setdefault(id(hold), (hold, []))[1].append(i)
+        due: list[tuple[_Hold, list[int], float]] = []
+        for hold, indices in groups.values():
+            if all(hold.deadline - leases[i].ttl * 2 / 3 > now for i in indices):
+                # Another level of this hold was renewed meanwhile.
+                for i in indices:
+                    leases[i].deadline = hold.deadline
+                    results[i] = True
+                continue
+            levels = hold.leases() or [leases[i] for i in indices]
+            due.append((hold, indices, max(lease.ttl for lease in levels)))
+        if not due:
+            return results
+        sent = time.monotonic()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for hold, _, ttl in due:
+                pipe.evalsha(
+                    R_EXTEND.sha,
+                    1,
+                    self.keys_for(hold.name).lease,
+                    hold.token,
+                    _ms(ttl),
+                    1,
+                )
+            replies = pipe.execute(raise_on_error=False)
+        except redis.exceptions.RedisError:
+            return results
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            replies = []
+            for hold, _, ttl in due:
+                command = (
+                    "eval",
+                    R_EXTEND,
+                    (self.keys_for(hold.name).lease,),
+                    [hold.token, _ms(ttl), 1],
+                )
+                try:
+                    replies.append(self._execute(command))
+                except Exception as e:  # noqa: BLE001 - reported as None
+                    replies.append(e)
+        for (hold, indices, _), reply in zip(due, replies):
+            if isinstance(reply, Exception):
+                continue
+            if reply:
+                hold.set_deadline(sent + int(reply) / 1000)
+                ok = True
+            else:
+                hold.gone = True
+                ok = False
+            for i in indices:
+                results[i] = ok
+        return results
+
+    # -- listing and clearing ----------------------------------------------
+
+    def force_release(self, name: str, token: str) -> bool:
+        """Release every level of ``name``'s lease if its token is ``token``."""
+        keys = self.keys_for(name)
+        code = self._execute(
+            ("eval", R_RELEASE, keys.triple, [token, keys.wake_prefix, ""])
+        )
+        return code != 0
