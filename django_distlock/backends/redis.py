@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Generator, Iterator
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import LockBackendError
 from ..keys import decode_name, encode_name, glob_escape, name_digest
@@ -571,7 +571,16 @@ class RedisLockBackend(BaseLockBackend):
         )
 
 
-# The reentrant variant lives in its own module (it has its own scripts) and is
-# importable from here, as the documented path says. Imported last: it
-# subclasses RedisLockBackend.
-from .redis_reentrant import ReentrantRedisLockBackend  # noqa: E402
+if TYPE_CHECKING:
+    from .redis_reentrant import ReentrantRedisLockBackend
+
+
+def __getattr__(name: str):
+    # The reentrant variant lives in its own module (it has its own scripts)
+    # and is importable from here, as the documented path says. Imported on
+    # first use (PEP 562), so that either module can be imported first.
+    if name == "ReentrantRedisLockBackend":
+        from .redis_reentrant import ReentrantRedisLockBackend
+
+        return ReentrantRedisLockBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
