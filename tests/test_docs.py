@@ -238,13 +238,8 @@ def docs_locks(redis_server, quorum_servers):
             "BACKEND": redlock,
             "LOCATION": [s.url for s in quorum_servers],
         }
-    caches = {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "redis": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": url,
-        },
-    }
+    # The migration page compares with django-redis's cache.lock().
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url}}
     with override_settings(LOCKS=locks, CACHES=caches, REDIS_URL=url):
         yield locks
 
