@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import threading
 import time
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from .backends.base import BaseLockBackend, Lease
 from .exceptions import LockLost, LockNotAcquired, LockNotHeld
@@ -28,6 +31,16 @@ class _Default:
 
 #: Stands for "the alias's configured value" (``None`` means "wait forever").
 DEFAULT: Any = _Default()
+
+#: Leases of non-reentrant backends held right now -> (alias, name, thread,
+#: task) of their acquirer. Read only to explain a LockNotAcquired.
+_held_by: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _caller() -> tuple[int, int]:
+    """Return (thread ident, id of the running asyncio task or 0)."""
+    task = asyncio.current_task() if asyncio._get_running_loop() else None
+    return threading.get_ident(), id(task) if task is not None else 0
 
 
 class Lock(ContextDecorator):
@@ -159,10 +172,7 @@ class Lock(ContextDecorator):
 
     def __enter__(self) -> Lock:
         if not self.acquire():
-            raise LockNotAcquired(
-                f"Lock {self.name!r} was not acquired within {self.timeout} s.",
-                name=self.name,
-            )
+            raise LockNotAcquired(self._not_acquired_message(), name=self.name)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -211,10 +221,7 @@ class Lock(ContextDecorator):
 
     async def __aenter__(self) -> Lock:
         if not await self.aacquire():
-            raise LockNotAcquired(
-                f"Lock {self.name!r} was not acquired within {self.timeout} s.",
-                name=self.name,
-            )
+            raise LockNotAcquired(self._not_acquired_message(), name=self.name)
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -271,6 +278,8 @@ class Lock(ContextDecorator):
             renewer = renewer or get_watchdog()
             renewer.register(backend, lease)
         self._leases.append((lease, renewer))
+        if not backend.reentrant:
+            _held_by[lease] = (backend.alias, self.name, *_caller())
         if lock_acquired.receivers:  # skip building the call when nobody listens
             lock_acquired.send(
                 sender=type(backend),
@@ -280,6 +289,22 @@ class Lock(ContextDecorator):
                 wait=waited,
             )
         return True
+
+    def _not_acquired_message(self) -> str:
+        message = f"Lock {self.name!r} was not acquired within {self.timeout} s."
+        key = (self.backend.alias, self.name, *_caller())
+        try:
+            nested = key in list(_held_by.values())
+        except RuntimeError:  # another thread changed it while it was copied
+            nested = False
+        if nested:
+            message += (
+                " This thread (or task) already holds it through another handle, "
+                f"and the {self.using!r} backend does not nest: use "
+                "django_distlock.backends.redis.ReentrantRedisLockBackend for "
+                "locks that their holder takes again."
+            )
+        return message
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
@@ -301,6 +326,7 @@ class Lock(ContextDecorator):
         lease, renewer = self._leases[-1]
         lease.check_owner_process()
         self._leases.pop()
+        _held_by.pop(lease, None)
         if renewer is not None:
             renewer.unregister(lease)
         return self.backend, lease
