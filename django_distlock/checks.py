@@ -122,6 +122,22 @@ def _check_entry(alias, params):
                     "Check the dotted path and that its driver is installed.",
                 )
             )
+        else:
+            from .backends.base import BaseLockBackend
+
+            if not (
+                isinstance(backend_cls, type)
+                and issubclass(backend_cls, BaseLockBackend)
+            ):
+                errors.append(
+                    _error(
+                        "distlock.E003",
+                        f"{where}['BACKEND'] {backend!r} is not a lock backend.",
+                        "BACKEND must name a subclass of "
+                        "django_distlock.backends.base.BaseLockBackend.",
+                    )
+                )
+                backend_cls = None
     ttl = params.get("TTL", 30)
     if not _is_number(ttl) or not ttl > 0:
         errors.append(

@@ -131,6 +131,15 @@ class RedisLockBackend(BaseLockBackend):
                         id="distlock.E009",
                     )
                 )
+        if not isinstance(options.get("CONNECTION_POOL_KWARGS", {}), dict):
+            errors.append(
+                Error(
+                    f"{where}['OPTIONS']['CONNECTION_POOL_KWARGS'] must be a dict.",
+                    hint="It is passed to redis-py as keyword arguments.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
         cache = options.get("CACHE")
         if cache is not None:
             from django.conf import settings

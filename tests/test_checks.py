@@ -1,0 +1,225 @@
+"""System checks report every malformed LOCKS entry, each with a hint.
+
+Redlock (E011, W001) and database (E012) ids are tested with their backends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_distlock.checks import check_locks_setting
+
+REDIS = "django_distlock.backends.redis.RedisLockBackend"
+LOCMEM = "django_distlock.backends.locmem.LocMemLockBackend"
+URL = "redis://127.0.0.1:6399/0"
+DJANGO_REDIS = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "plain": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "shared": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": URL},
+}
+
+
+def redis_entry(**extra):
+    return {"BACKEND": REDIS, "LOCATION": URL, **extra}
+
+
+def entries(**entry):
+    return {"default": {"BACKEND": LOCMEM, **entry}}
+
+
+# (LOCKS, the one id it must produce)
+BROKEN = [
+    pytest.param(["not", "a", "dict"], "distlock.E001", id="E001-list"),
+    pytest.param({"default": "redis://x"}, "distlock.E001", id="E001-entry-str"),
+    pytest.param({"other": {"BACKEND": LOCMEM}}, "distlock.E002", id="E002"),
+    pytest.param({}, "distlock.E002", id="E002-empty"),
+    pytest.param({"default": {}}, "distlock.E003", id="E003-missing"),
+    pytest.param({"default": {"BACKEND": 42}}, "distlock.E003", id="E003-not-str"),
+    pytest.param(
+        {"default": {"BACKEND": "nowhere.Backend"}}, "distlock.E003", id="E003-import"
+    ),
+    pytest.param(
+        {"default": {"BACKEND": "django_distlock.backends.redis.Nope"}},
+        "distlock.E003",
+        id="E003-attribute",
+    ),
+    pytest.param(
+        {"default": {"BACKEND": "collections.OrderedDict"}},
+        "distlock.E003",
+        id="E003-not-a-backend",
+    ),
+    pytest.param({"default": {"BACKEND": REDIS}}, "distlock.E004", id="E004-none"),
+    pytest.param(
+        {"default": redis_entry(LOCATION="127.0.0.1:6379")},
+        "distlock.E004",
+        id="E004-no-scheme",
+    ),
+    pytest.param(
+        {"default": redis_entry(LOCATION=[URL, URL, URL])},
+        "distlock.E004",
+        id="E004-list",
+    ),
+    pytest.param(entries(TTL=0), "distlock.E005", id="E005-zero"),
+    pytest.param(entries(TTL=-1), "distlock.E005", id="E005-negative"),
+    pytest.param(entries(TTL="30"), "distlock.E005", id="E005-str"),
+    pytest.param(entries(TTL=True), "distlock.E005", id="E005-bool"),
+    pytest.param(entries(TTL=float("nan")), "distlock.E005", id="E005-nan"),
+    pytest.param(entries(TIMEOUT=-1), "distlock.E006", id="E006-negative"),
+    pytest.param(entries(TIMEOUT="10"), "distlock.E006", id="E006-str"),
+    pytest.param(entries(AUTO_RENEW="yes"), "distlock.E007", id="E007"),
+    pytest.param(entries(KEY_PREFIX=1), "distlock.E008", id="E008"),
+    pytest.param(entries(OPTIONS=[]), "distlock.E009", id="E009-not-dict"),
+    pytest.param(
+        {"default": redis_entry(OPTIONS={"SOCKET_TIMEUOT": 1})},
+        "distlock.E009",
+        id="E009-unknown-option",
+    ),
+    pytest.param(
+        {"default": redis_entry(OPTIONS={"SOCKET_TIMEOUT": 0})},
+        "distlock.E009",
+        id="E009-socket-timeout",
+    ),
+    pytest.param(
+        {"default": redis_entry(OPTIONS={"SOCKET_CONNECT_TIMEOUT": None})},
+        "distlock.E009",
+        id="E009-connect-timeout",
+    ),
+    pytest.param(
+        {"default": redis_entry(OPTIONS={"CONNECTION_POOL_KWARGS": [1]})},
+        "distlock.E009",
+        id="E009-pool-kwargs",
+    ),
+    pytest.param(
+        {"default": {"BACKEND": REDIS, "OPTIONS": {"CACHE": "plain"}}},
+        "distlock.E010",
+        id="E010-not-django-redis",
+    ),
+    pytest.param(
+        {"default": {"BACKEND": REDIS, "OPTIONS": {"CACHE": "missing"}}},
+        "distlock.E010",
+        id="E010-missing",
+    ),
+    pytest.param(entries(TIME_OUT=5), "distlock.E013", id="E013"),
+]
+
+
+def distlock_messages():
+    return [m for m in run_checks() if m.id and m.id.startswith("distlock.")]
+
+
+@pytest.mark.parametrize(("locks_setting", "expected"), BROKEN)
+def test_broken_setting_reported(locks_setting, expected):
+    with override_settings(LOCKS=locks_setting, CACHES=DJANGO_REDIS, DEBUG=True):
+        messages = check_locks_setting()
+        assert [m.id for m in messages] == [expected], messages
+        (message,) = messages
+        assert message.hint
+        assert message.obj == "settings.LOCKS"
+        assert message.is_serious()
+        # The same through Django's registry (``manage.py check``).
+        assert [m.id for m in distlock_messages()] == [expected]
+
+
+def test_locmem_without_debug_warns():
+    with override_settings(LOCKS=entries(), DEBUG=False):
+        (message,) = check_locks_setting()
+    assert message.id == "distlock.W002"
+    assert message.hint and not message.is_serious()
+    with override_settings(LOCKS=entries(), DEBUG=True):
+        assert check_locks_setting() == []
+
+
+@pytest.mark.parametrize(
+    "locks_setting",
+    [
+        pytest.param(None, id="no-LOCKS"),
+        pytest.param(entries(), id="locmem"),
+        pytest.param(
+            {
+                "default": redis_entry(
+                    TTL=0.5,
+                    TIMEOUT=None,
+                    AUTO_RENEW=False,
+                    KEY_PREFIX="p",
+                    OPTIONS={
+                        "SOCKET_TIMEOUT": 1,
+                        "SOCKET_CONNECT_TIMEOUT": 0.5,
+                        "CONNECTION_POOL_KWARGS": {"max_connections": 10},
+                    },
+                ),
+                "cached": {"BACKEND": REDIS, "OPTIONS": {"CACHE": "shared"}},
+                "tls": redis_entry(LOCATION="rediss://h:6380/1", TIMEOUT=0),
+                "socket": redis_entry(LOCATION="unix:///tmp/redis.sock"),
+            },
+            id="redis",
+        ),
+    ],
+)
+def test_valid_settings_give_no_message(locks_setting):
+    with override_settings(LOCKS=locks_setting, CACHES=DJANGO_REDIS, DEBUG=True):
+        if locks_setting is None:
+            from django.conf import settings
+
+            del settings.LOCKS
+        assert check_locks_setting() == []
+        assert distlock_messages() == []
+
+
+def test_every_error_reported_at_once():
+    broken = {
+        "default": {"BACKEND": REDIS, "TTL": 0, "TIMEOUT": -1, "AUTO_RENEW": 1},
+        "other": {"BACKEND": "nowhere.X", "KEY_PREFIX": None},
+    }
+    with override_settings(LOCKS=broken):
+        ids = sorted(m.id for m in check_locks_setting())
+    assert ids == [
+        "distlock.E003",
+        "distlock.E004",
+        "distlock.E005",
+        "distlock.E006",
+        "distlock.E007",
+        "distlock.E008",
+    ]
+
+
+def test_check_command_reports_them():
+    with override_settings(LOCKS=entries(TTL=0, TIMEOUT="soon"), DEBUG=True):
+        with pytest.raises(SystemCheckError) as info:
+            call_command("check")
+    text = str(info.value)
+    assert "distlock.E005" in text and "distlock.E006" in text
+    assert "HINT" in text and "settings.LOCKS" in text
+
+
+def test_manage_py_check_in_a_real_process(tmp_path):
+    (tmp_path / "broken_settings.py").write_text(
+        "from tests.settings import *  # noqa\n"
+        "LOCKS = {'default': {'BACKEND': "
+        "'django_distlock.backends.redis.RedisLockBackend'}}\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "broken_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "distlock.E004" in result.stderr
+    assert "HINT: Set LOCATION" in result.stderr
