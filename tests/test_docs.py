@@ -121,7 +121,10 @@ def extract(page: Path) -> list[Snippet]:
             close = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
             while j < len(lines) and not close.match(lines[j]):
                 j += 1
-            body = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in lines[start:j]]
+            body = [
+                ln[len(indent) :] if ln.startswith(indent) else ln
+                for ln in lines[start:j]
+            ]
             code = textwrap.dedent("\n".join(body)) + "\n"
             if lang in RUNNABLE_LANGS:
                 kind, args = pending if pending else ("run", [])
@@ -365,7 +368,7 @@ def test_site_builds_without_warnings(tmp_path):
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "NO_COLOR": "1"},
+        env={**os.environ, "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"},
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
