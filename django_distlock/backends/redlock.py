@@ -1,0 +1,1038 @@
+"""Redlock: one lock over several independent Redis masters, held by a quorum.
+
+The algorithm is the one of the Redis documentation ("Distributed Locks with
+Redis"): the same lease is set on every node, the lock is held if a majority
+(``N // 2 + 1``) granted it and time is left on it after subtracting the
+elapsed time and a clock drift allowance; otherwise it is undone everywhere.
+
+Every step is **one pipelined round trip to all nodes at once**: the command
+is packed once, written to one socket per node, and only then are the replies
+read, with a deadline shared by all nodes (``NODE_TIMEOUT``). A node that does
+not answer by then counts as failed, its connection is discarded (it may still
+owe a reply) and the node is skipped for a short while, so a stopped node
+costs one ``NODE_TIMEOUT`` and not one per call. The algorithm is written once
+as generators that yield steps (like the single-instance backend) and driven
+by a synchronous executor (redis-py connections, one per node and thread) or
+an asyncio one (``redis.asyncio`` connections, one per node and task).
+
+Per node, a lock uses the single-instance layout (:class:`~.redis.LockKeys`):
+the lease hash ``<prefix>:{<digest>}`` plus ``:c`` (fencing counter), ``:z``
+(registered waiters) and ``:w`` (wake list), all under one hash tag.
+
+Fencing tokens: see ``docs/backends/redlock.md``. In short, a node grants with
+``max(counter + 1, server_seconds * 2**20)``; the token is the largest value
+among the granting nodes, and it is stored on a majority of nodes that hold
+the lease *before* the acquisition returns (a second round trip only when the
+nodes did not already agree), so every later acquisition, whose majority
+meets that one, gets a larger token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import select
+import threading
+import time
+import weakref
+from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..exceptions import LockBackendError
+from ..keys import decode_name, encode_name, glob_escape
+from .base import BaseLockBackend, Holder, Lease, holder_identity, new_token
+from .redis import LockKeys
+from .scripts import load_script
+
+__all__ = ["RedlockBackend"]
+
+ACQUIRE = load_script("redlock_acquire.lua")
+COMMIT = load_script("redlock_commit.lua")
+RELEASE = load_script("redlock_release.lua")
+EXTEND = load_script("redis_extend.lua")
+SCRIPTS = (ACQUIRE, COMMIT, RELEASE, EXTEND)
+
+#: How long a release reserves the lock for the registered waiters (ms).
+RESERVATION_MS = 50
+#: How long a wake signal nobody took stays in the wake list (ms).
+WAKE_TTL_MS = 2000
+#: How long after its expected next attempt a waiter's registration lives (ms).
+WAITER_GRACE_MS = 1000
+#: Longest single blocking wait on a wake list (seconds).
+MAX_WAIT_SLICE = 1.0
+#: How long a node that failed is skipped: timed out, refused (seconds).
+DOWN_AFTER_TIMEOUT = 1.0
+DOWN_AFTER_ERROR = 0.2
+#: How long acquire keeps retrying while no quorum answers (seconds).
+NO_QUORUM_GRACE = 1.0
+
+
+class _Failed:
+    """A node that did not answer a step (down, timed out, or an error)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | str):
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<failed: {self.error}>"
+
+
+@dataclass
+class Fanout:
+    """A step: send ``commands`` to every node (or ``nodes``), read all replies.
+
+    The executor answers with one entry per node: the list of replies, or a
+    :class:`_Failed`. ``skip_quarantined`` leaves out nodes that restarted
+    too recently to be trusted with a new lease.
+    """
+
+    commands: list[tuple]
+    nodes: list[int] | None = None
+    skip_quarantined: bool = False
+
+
+@dataclass
+class Block:
+    """A step: BLPOP ``key`` on node ``node`` for up to ``seconds``.
+
+    The executor answers with the popped item, None on timeout, or False if
+    the node could not be asked.
+    """
+
+    node: int
+    key: str
+    seconds: float
+
+
+@dataclass
+class Sleep:
+    """A step: sleep ``seconds``."""
+
+    seconds: float
+
+
+class _Node:
+    """What one process knows about one Redis node (shared by all threads)."""
+
+    def __init__(self, index: int, url: str):
+        self.index = index
+        self.url = url
+        self.down_until = 0.0
+        self.run_id: str | None = None
+        self.quarantine_until = 0.0
+        self.last_error: object = "timed out"
+
+    def fail(self, timed_out: bool, error: object = None) -> None:
+        if error is not None:
+            self.last_error = error
+        delay = DOWN_AFTER_TIMEOUT if timed_out else DOWN_AFTER_ERROR
+        self.down_until = time.monotonic() + delay
+
+    def seen(self, info: bytes | str, restart_delay: float) -> None:
+        """Record a fresh connection's ``INFO server``; quarantine on restart."""
+        if isinstance(info, bytes):
+            info = info.decode(errors="replace")
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        run_id = fields.get("run_id")
+        uptime = float(fields.get("uptime_in_seconds", "0") or 0)
+        if self.run_id is not None and run_id != self.run_id and restart_delay > 0:
+            # The node restarted (and may have lost every lease it held):
+            # the delayed-restart rule, enforced from this side.
+            self.quarantine_until = time.monotonic() + max(0.0, restart_delay - uptime)
+        self.run_id = run_id
+
+
+def pack_meta(name: str, host: str, pid: int, thread: str, acquired: float) -> bytes:
+    """Return the holder description stored beside a lease (one hash field).
+
+    A JSON header (no raw newline can occur in it), a newline, then the exact
+    name: one field is cheaper for the node than five.
+    """
+    header = json.dumps([host, pid, thread, int(acquired * 1000)])
+    return header.encode() + b"\n" + encode_name(name)
+
+
+def unpack_meta(raw: bytes) -> tuple[str, str, int | None, str, float | None]:
+    """Inverse of :func:`pack_meta`: (name, host, pid, thread, acquired)."""
+    header, _sep, name = raw.partition(b"\n")
+    try:
+        host, pid, thread, acquired = json.loads(header)
+    except (ValueError, TypeError):
+        return decode_name(name), "", None, "", None
+    return decode_name(name), host, pid, thread, acquired / 1000
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(math.ceil(seconds * 1000)))
+
+
+def _prelude() -> list[tuple]:
+    # Sent ahead of the first command on every new connection, in the same
+    # write: the node's identity (restart detection) and our scripts (a
+    # restarted node has an empty script cache).
+    return [("INFO", "server")] + [("SCRIPT", "LOAD", s.source) for s in SCRIPTS]
+
+
+class _Conns(threading.local):
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.conns: dict[int, Any] = {}
+
+
+class RedlockBackend(BaseLockBackend):
+    """Locks held by a majority of independent Redis masters (Redlock).
+
+    ``LOCATION`` is a list of at least 3 redis URLs (an odd count is best).
+    OPTIONS: ``NODE_TIMEOUT`` (seconds a node may take to answer one step,
+    default 0.1), ``SOCKET_CONNECT_TIMEOUT`` (default: NODE_TIMEOUT),
+    ``DRIFT_FACTOR`` (default 0.01), ``RETRY_JITTER`` (longest random pause
+    after a split vote, default 0.02 s), ``RESTART_DELAY`` (seconds a node
+    seen to restart is not trusted with new leases, default: the TTL),
+    ``FENCE_RETENTION`` (seconds a lock's fencing counter is kept after its
+    last use, default 3600) and ``CONNECTION_POOL_KWARGS`` (passed to
+    redis-py's connections).
+    """
+
+    #: Tokens survive any minority of nodes losing their data; beyond that
+    #: they rest on the nodes' clocks (see the docs page).
+    durable_fencing = True
+
+    OPTION_KEYS = {
+        "NODE_TIMEOUT",
+        "SOCKET_CONNECT_TIMEOUT",
+        "DRIFT_FACTOR",
+        "RETRY_JITTER",
+        "RESTART_DELAY",
+        "FENCE_RETENTION",
+        "CONNECTION_POOL_KWARGS",
+    }
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        location = params.get("LOCATION") or []
+        if isinstance(location, str):
+            location = [location]
+        self.locations: list[str] = list(location)
+        self.nodes = [_Node(i, url) for i, url in enumerate(self.locations)]
+        self.quorum = len(self.nodes) // 2 + 1
+        opts = self.options
+        self.node_timeout = float(opts.get("NODE_TIMEOUT", 0.1))
+        self.connect_timeout = float(
+            opts.get("SOCKET_CONNECT_TIMEOUT", self.node_timeout)
+        )
+        self.drift_factor = float(opts.get("DRIFT_FACTOR", 0.01))
+        self.retry_jitter = float(opts.get("RETRY_JITTER", 0.02))
+        self.restart_delay = float(opts.get("RESTART_DELAY", self.default_ttl))
+        self.fence_retention_ms = _ms(float(opts.get("FENCE_RETENTION", 3600)))
+        self._local = _Conns()
+        self._all_conns: weakref.WeakSet = weakref.WeakSet()
+        self._aconns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._factories: list | None = None
+        self._afactories: list | None = None
+        self._prelude_len = len(_prelude())
+
+    # -- checks -----------------------------------------------------------
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return system check messages for this backend's LOCKS entry."""
+        from django.core.checks import Error, Warning
+
+        where = f"LOCKS[{alias!r}]"
+        messages = []
+        options = params.get("OPTIONS") or {}
+        unknown = sorted(set(options) - cls.OPTION_KEYS)
+        if unknown:
+            messages.append(
+                Error(
+                    f"{where}['OPTIONS'] has unknown keys: {unknown}.",
+                    hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
+        for key in (
+            "NODE_TIMEOUT",
+            "SOCKET_CONNECT_TIMEOUT",
+            "RETRY_JITTER",
+            "RESTART_DELAY",
+            "FENCE_RETENTION",
+            "DRIFT_FACTOR",
+        ):
+            if key not in options:
+                continue
+            value = options[key]
+            zero_ok = key in ("RETRY_JITTER", "RESTART_DELAY", "DRIFT_FACTOR")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value < 0
+                or (value == 0 and not zero_ok)
+            ):
+                messages.append(
+                    Error(
+                        f"{where}['OPTIONS'][{key!r}] must be a "
+                        f"{'non-negative' if zero_ok else 'positive'} number, "
+                        f"not {value!r}.",
+                        hint="Times are in seconds; DRIFT_FACTOR is a fraction "
+                        "of the TTL (default 0.01).",
+                        obj="settings.LOCKS",
+                        id="distlock.E009",
+                    )
+                )
+        location = params.get("LOCATION")
+        if not isinstance(location, (list, tuple)) or not all(
+            isinstance(url, str)
+            and url.startswith(("redis://", "rediss://", "unix://"))
+            for url in location
+        ):
+            messages.append(
+                Error(
+                    f"{where}['LOCATION'] must be a list of redis URLs, "
+                    f"not {location!r}.",
+                    hint="List one URL per independent Redis master, e.g. "
+                    "['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', "
+                    "'redis://10.0.0.3:6379'].",
+                    obj="settings.LOCKS",
+                    id="distlock.E004",
+                )
+            )
+            return messages
+        if len(location) < 3:
+            messages.append(
+                Error(
+                    f"{where} lists {len(location)} Redis node(s); Redlock "
+                    "needs at least 3.",
+                    hint="With fewer than 3 independent masters a single "
+                    "failure loses the quorum; use RedisLockBackend for one "
+                    "server, or list 3 or 5 masters.",
+                    obj="settings.LOCKS",
+                    id="distlock.E011",
+                )
+            )
+        elif len(location) % 2 == 0:
+            messages.append(
+                Warning(
+                    f"{where} lists an even number of Redis nodes ({len(location)}).",
+                    hint=f"{len(location)} nodes tolerate no more failures than "
+                    f"{len(location) - 1}; use an odd number.",
+                    obj="settings.LOCKS",
+                    id="distlock.W001",
+                )
+            )
+        if len(set(location)) != len(location):
+            messages.append(
+                Error(
+                    f"{where}['LOCATION'] lists the same node twice.",
+                    hint="Every URL must be a different, independent master.",
+                    obj="settings.LOCKS",
+                    id="distlock.E004",
+                )
+            )
+        return messages
+
+    # -- keys -------------------------------------------------------------
+
+    def keys_for(self, name: str) -> tuple[str, str, str, str]:
+        """Return (lease, counter, waiters, wake) keys of ``name`` on every node."""
+        lease = LockKeys(self.key_prefix, name).lease
+        return lease, lease + ":c", lease + ":z", lease + ":w"
+
+    def _wake_order(self, lease_key: str) -> list[int]:
+        # Every waiter of a lock blocks on the same node (one wake-up per
+        # release), and different locks spread over the nodes.
+        start = sum(lease_key.encode()) % len(self.nodes)
+        return [(start + i) % len(self.nodes) for i in range(len(self.nodes))]
+
+    # -- connections ------------------------------------------------------
+
+    def _conn_kwargs(self) -> dict[str, Any]:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kwargs = {
+            "socket_timeout": self.node_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            # Scripts must never be resent by the driver behind our back.
+            "retry": Retry(NoBackoff(), 0),
+            "retry_on_timeout": False,
+            # No CLIENT SETINFO round trip on connect (it would stall on a
+            # stopped node, one node after the other).
+            "driver_info": None,
+        }
+        kwargs.update(self.options.get("CONNECTION_POOL_KWARGS", {}))
+        return kwargs
+
+    def _factory_list(self, pool_cls, **overrides: Any) -> list:
+        factories = []
+        for url in self.locations:
+            pool = pool_cls.from_url(url, **{**self._conn_kwargs(), **overrides})
+            factories.append((pool.connection_class, dict(pool.connection_kwargs)))
+        return factories
+
+    def _conn(self, i: int):
+        local = self._local
+        if local.pid != os.getpid():  # forked: the parent's sockets are not ours
+            local.pid, local.conns = os.getpid(), {}
+        conn = local.conns.get(i)
+        if conn is None:
+            if self._factories is None:
+                import redis
+
+                self._factories = self._factory_list(redis.ConnectionPool)
+            cls, kwargs = self._factories[i]
+            conn = local.conns[i] = cls(**kwargs)
+            self._all_conns.add(conn)
+        return conn
+
+    def _drop(self, i: int, conn, timed_out: bool, error: object = None) -> None:
+        # A connection that failed mid-step may still owe replies: never reuse it.
+        try:
+            conn.disconnect()
+        except Exception:
+            pass
+        self.nodes[i].fail(timed_out, error)
+
+    def close(self) -> None:
+        for conn in list(self._all_conns):
+            try:
+                conn.disconnect()
+            except Exception:
+                pass
+        self._local = _Conns()
+        self._all_conns = weakref.WeakSet()
+        self._aconns = weakref.WeakKeyDictionary()
+
+    # -- the synchronous executor ------------------------------------------
+
+    def _targets(self, step: Fanout) -> list[int]:
+        now = time.monotonic()
+        nodes = range(len(self.nodes)) if step.nodes is None else step.nodes
+        return [
+            i
+            for i in nodes
+            if self.nodes[i].down_until <= now
+            and not (step.skip_quarantined and self.nodes[i].quarantine_until > now)
+        ]
+
+    def _fanout(self, step: Fanout) -> list:
+        import redis
+
+        n_cmds = len(step.commands)
+        results: list = [
+            _Failed(f"skipped after: {node.last_error}") for node in self.nodes
+        ]
+        sent: dict[int, tuple[int, Any, int]] = {}  # fd -> (node, conn, prelude)
+        packed = None
+        for i in self._targets(step):
+            conn = self._conn(i)
+            try:
+                prelude = 0
+                if conn._sock is None:
+                    conn.connect()
+                    prelude = self._prelude_len
+                if packed is None:
+                    packed = conn.pack_commands(step.commands)
+                if prelude:
+                    conn.send_packed_command(
+                        conn.pack_commands(_prelude()) + packed, check_health=False
+                    )
+                else:
+                    conn.send_packed_command(packed, check_health=False)
+                sent[conn._sock.fileno()] = (i, conn, prelude)
+            except (redis.exceptions.RedisError, OSError) as e:
+                results[i] = _Failed(e)
+                self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError), e)
+        deadline = time.monotonic() + self.node_timeout
+        poller = select.poll()
+        for fd in sent:
+            poller.register(fd, select.POLLIN)
+        while sent:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for fd, _event in poller.poll(remaining * 1000):
+                i, conn, prelude = sent.pop(fd)
+                poller.unregister(fd)
+                results[i] = self._read(i, conn, prelude, n_cmds)
+        for i, conn, _prelude_n in sent.values():
+            results[i] = _Failed("timed out")
+            self._drop(i, conn, True)
+        return results
+
+    def _read(self, i: int, conn, prelude: int, n_cmds: int):
+        import redis
+
+        node = self.nodes[i]
+        try:
+            if prelude:
+                node.seen(conn.read_response(), self.restart_delay)
+                for _ in range(prelude - 1):
+                    conn.read_response()
+            replies = []
+            failed = None
+            for _ in range(n_cmds):
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as e:
+                    # Keep reading: the connection stays in step.
+                    replies.append(e)
+                    failed = e
+            if failed is not None:
+                if isinstance(failed, redis.exceptions.NoScriptError):
+                    conn.disconnect()  # reconnecting reloads the scripts
+                return _Failed(failed)
+            return replies
+        except (redis.exceptions.RedisError, OSError) as e:
+            self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
+            return _Failed(e)
+
+    def _block(self, step: Block):
+        import redis
+
+        i = step.node
+        conn = self._conn(i)
+        try:
+            if conn._sock is None:
+                # Let a fan-out set this connection up (scripts, restart check).
+                return False
+            conn.send_command(
+                "BLPOP", step.key, f"{step.seconds:.3f}", check_health=False
+            )
+            if not conn.can_read(step.seconds + self.node_timeout):
+                self._drop(i, conn, True)
+                return False
+            return conn.read_response()
+        except (redis.exceptions.RedisError, OSError) as e:
+            self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
+            return False
+
+    def _run(self, steps: Generator) -> Any:
+        result = None
+        try:
+            while True:
+                step = steps.send(result)
+                if isinstance(step, Fanout):
+                    result = self._fanout(step)
+                elif isinstance(step, Block):
+                    result = self._block(step)
+                else:
+                    time.sleep(step.seconds)
+                    result = None
+        except StopIteration as stop:
+            return stop.value
+
+    # -- the asyncio executor ----------------------------------------------
+
+    def _aconn(self, i: int):
+        loop = asyncio.get_running_loop()
+        free = self._aconns.get(loop)
+        if free is None:
+            free = self._aconns[loop] = [[] for _ in self.nodes]
+        if free[i]:
+            return free[i].pop()
+        if self._afactories is None:
+            import redis.asyncio as aredis
+
+            # Deadlines are ours (asyncio.timeout around each step): a driver
+            # socket timeout would cost a task per send.
+            self._afactories = self._factory_list(
+                aredis.ConnectionPool, socket_timeout=None
+            )
+        cls, kwargs = self._afactories[i]
+        return cls(**kwargs)
+
+    def _aput(self, i: int, conn) -> None:
+        free = self._aconns.get(asyncio.get_running_loop())
+        if free is not None and len(free[i]) < 64:
+            free[i].append(conn)
+
+    async def _adrop(self, i: int, conn, timed_out: bool) -> None:
+        try:
+            await conn.disconnect()
+        except Exception:
+            pass
+        self.nodes[i].fail(timed_out)
+
+    async def _afanout(self, step: Fanout) -> list:
+        import redis
+
+        n_cmds = len(step.commands)
+        results: list = [
+            _Failed(f"skipped after: {node.last_error}") for node in self.nodes
+        ]
+        sent = []
+        packed = None
+        try:
+            for i in self._targets(step):
+                conn = self._aconn(i)
+                try:
+                    prelude = 0
+                    if not conn.is_connected:
+                        async with asyncio.timeout(self.connect_timeout):
+                            await conn.connect()
+                        prelude = self._prelude_len
+                    if packed is None:
+                        packed = conn.pack_commands(step.commands)
+                    if prelude:
+                        data = conn.pack_commands(_prelude()) + packed
+                    else:
+                        data = packed
+                    await conn.send_packed_command(data, check_health=False)
+                    sent.append((i, conn, prelude))
+                except (redis.exceptions.RedisError, OSError, TimeoutError) as e:
+                    results[i] = _Failed(e)
+                    await self._adrop(i, conn, isinstance(e, TimeoutError))
+            deadline = asyncio.get_running_loop().time() + self.node_timeout
+            while sent:
+                i, conn, prelude = sent[0]
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        results[i] = await self._aread(i, conn, prelude, n_cmds)
+                except TimeoutError:
+                    results[i] = _Failed("timed out")
+                    await self._adrop(i, conn, True)
+                    sent.pop(0)
+                    continue
+                sent.pop(0)
+                if not isinstance(results[i], _Failed):
+                    self._aput(i, conn)
+        except BaseException:
+            # Cancelled mid-step: the connections may owe replies.
+            for i, conn, _n in sent:
+                await self._adrop(i, conn, False)
+            raise
+        return results
+
+    async def _aread(self, i: int, conn, prelude: int, n_cmds: int):
+        import redis
+
+        node = self.nodes[i]
+        try:
+            if prelude:
+                node.seen(
+                    await conn.read_response(timeout=math.inf), self.restart_delay
+                )
+                for _ in range(prelude - 1):
+                    await conn.read_response(timeout=math.inf)
+            replies = []
+            failed = None
+            for _ in range(n_cmds):
+                try:
+                    replies.append(await conn.read_response(timeout=math.inf))
+                except redis.exceptions.ResponseError as e:
+                    replies.append(e)
+                    failed = e
+            if failed is not None:
+                if isinstance(failed, redis.exceptions.NoScriptError):
+                    await conn.disconnect()
+                return _Failed(failed)
+            return replies
+        except (redis.exceptions.RedisError, OSError) as e:
+            await self._adrop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
+            return _Failed(e)
+
+    async def _ablock(self, step: Block):
+        import redis
+
+        i = step.node
+        conn = self._aconn(i)
+        if not conn.is_connected:
+            self._aput(i, conn)
+            return False
+        try:
+            await conn.send_command(
+                "BLPOP", step.key, f"{step.seconds:.3f}", check_health=False
+            )
+            async with asyncio.timeout(step.seconds + self.node_timeout):
+                reply = await conn.read_response(timeout=math.inf)
+        except (redis.exceptions.RedisError, OSError, TimeoutError) as e:
+            await self._adrop(i, conn, isinstance(e, TimeoutError))
+            return False
+        except BaseException:
+            await self._adrop(i, conn, False)
+            raise
+        self._aput(i, conn)
+        return reply
+
+    async def _arun(self, steps: Generator) -> Any:
+        result = None
+        try:
+            while True:
+                step = steps.send(result)
+                if isinstance(step, Fanout):
+                    result = await self._afanout(step)
+                elif isinstance(step, Block):
+                    result = await self._ablock(step)
+                else:
+                    await asyncio.sleep(step.seconds)
+                    result = None
+        except StopIteration as stop:
+            return stop.value
+
+    # -- the algorithm, as step generators ---------------------------------
+
+    def _no_quorum(self, name: str, results: list) -> LockBackendError:
+        errors = "; ".join(
+            f"{self.nodes[i].url}: {r.error}"
+            for i, r in enumerate(results)
+            if isinstance(r, _Failed)
+        )
+        return LockBackendError(
+            f"Redlock backend {self.alias!r} could not reach a quorum of "
+            f"{self.quorum} of {len(self.nodes)} nodes for lock {name!r} ({errors}).",
+            name=name,
+        )
+
+    def _release_command(self, keys: tuple[str, str, str, str], token: str) -> tuple:
+        lease, _counter, waiters, wake = keys
+        return (
+            "EVALSHA",
+            RELEASE.sha,
+            3,
+            lease,
+            waiters,
+            wake,
+            token,
+            RESERVATION_MS,
+            WAKE_TTL_MS,
+        )
+
+    def _acquire_steps(
+        self, name: str, ttl: float, timeout: float | None
+    ) -> Generator[Any, Any, Lease | None]:
+        keys = self.keys_for(name)
+        lease_key, counter_key, waiters_key, wake_key = keys
+        token = new_token()
+        meta = pack_meta(name, *holder_identity(), time.time())
+        ttl_ms = _ms(ttl)
+        drift = ttl * self.drift_factor + 0.002
+        start = time.monotonic()
+        deadline = math.inf if timeout is None else start + timeout
+        blocking = timeout is None or timeout > 0
+        quorum = self.quorum
+        registered = False
+        no_quorum_since = None
+        while True:
+            sent = time.monotonic()
+            live_ms = 0
+            if blocking:
+                live_ms = _ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
+            results = yield Fanout(
+                [
+                    (
+                        "EVALSHA",
+                        ACQUIRE.sha,
+                        3,
+                        lease_key,
+                        counter_key,
+                        waiters_key,
+                        token,
+                        ttl_ms,
+                        meta,
+                        live_ms,
+                        self.fence_retention_ms,
+                    )
+                ],
+                skip_quarantined=True,
+            )
+            granted: list[tuple[int, int]] = []
+            busy: list[tuple[int, int]] = []
+            failed = 0
+            for i, r in enumerate(results):
+                if isinstance(r, _Failed):
+                    failed += 1
+                elif r[0][0] == 1:
+                    granted.append((i, int(r[0][1])))
+                else:
+                    busy.append((i, int(r[0][1])))
+            registered = registered or (bool(busy) and live_ms > 0)
+            if len(granted) >= quorum:
+                fence = max(f for _i, f in granted)
+                ok = sum(1 for _i, f in granted if f == fence) >= quorum
+                if not ok:
+                    # The granting nodes disagree: make the token visible on
+                    # a majority that holds the lease before anyone sees it.
+                    commits = yield Fanout(
+                        [
+                            (
+                                "EVALSHA",
+                                COMMIT.sha,
+                                2,
+                                lease_key,
+                                counter_key,
+                                token,
+                                fence,
+                                self.fence_retention_ms,
+                            )
+                        ]
+                    )
+                    ok = (
+                        sum(
+                            1
+                            for r in commits
+                            if not isinstance(r, _Failed) and r[0] == 1
+                        )
+                        >= quorum
+                    )
+                validity = ttl - (time.monotonic() - sent) - drift
+                if ok and validity > 0:
+                    return Lease(
+                        alias=self.alias,
+                        name=name,
+                        token=token,
+                        fencing_token=fence,
+                        ttl=ttl,
+                        deadline=sent + ttl - drift,
+                    )
+            if granted or failed:
+                # Undo everywhere it may have been set: granted nodes, and
+                # failed ones (a late reply may hide a grant).
+                yield Fanout([self._release_command(keys, token)])
+            now = time.monotonic()
+            if len(granted) + len(busy) < quorum:
+                # Not enough nodes answered to decide anything.
+                no_quorum_since = no_quorum_since or now
+                if (
+                    not blocking
+                    or now >= deadline
+                    or now - no_quorum_since >= NO_QUORUM_GRACE
+                ):
+                    if registered:
+                        yield Fanout([("ZREM", waiters_key, token)])
+                    raise self._no_quorum(name, results)
+                yield Sleep(min(deadline - now, 0.05 + random.uniform(0, 0.05)))
+                continue
+            no_quorum_since = None
+            if not blocking or now >= deadline:
+                break
+            if granted:
+                # A split vote: back off a random moment so that contenders
+                # stop colliding, then try again.
+                yield Sleep(min(deadline - now, random.uniform(0, self.retry_jitter)))
+                continue
+            # The lock is held elsewhere: sleep on the wake list of the first
+            # busy node (a release there signals it), at most until enough
+            # nodes' leases would have run out.
+            free = len(granted)
+            pttls = sorted(p for _i, p in busy)
+            need = quorum - free
+            expiry = pttls[need - 1] / 1000 if 0 < need <= len(pttls) else 0.0
+            wait = min(
+                deadline - now,
+                MAX_WAIT_SLICE,
+                max(expiry, 0.0) + 0.002 + random.uniform(0, self.retry_jitter),
+            )
+            busy_nodes = {i for i, _p in busy}
+            wake_node = next(i for i in self._wake_order(lease_key) if i in busy_nodes)
+            if wait >= 0.001:
+                popped = yield Block(wake_node, wake_key, wait)
+                if popped is False:  # the node could not block: do not spin
+                    yield Sleep(min(wait, 0.005 + random.uniform(0, 0.01)))
+        if registered:
+            yield Fanout([("ZREM", waiters_key, token)])
+        return None
+
+    def _count(self, results: list, index: int = 0) -> tuple[int, int]:
+        """Return (nodes that answered 1 at ``index``, nodes that failed)."""
+        ok = failed = 0
+        for r in results:
+            if isinstance(r, _Failed):
+                failed += 1
+            elif r[index]:
+                ok += 1
+        return ok, failed
+
+    def _release_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
+        results = yield Fanout(
+            [self._release_command(self.keys_for(lease.name), lease.token)]
+        )
+        ok, failed = self._count(results)
+        if ok >= self.quorum:
+            return True
+        if ok + failed < self.quorum:
+            return False  # a majority answered that the lease was not ours
+        # Unreachable nodes expire the lease themselves; it was ours until
+        # its deadline.
+        return time.monotonic() < lease.deadline
+
+    def _extend_command(self, lease: Lease, ttl: float) -> tuple:
+        lease_key = self.keys_for(lease.name)[0]
+        return ("EVALSHA", EXTEND.sha, 1, lease_key, lease.token, _ms(ttl))
+
+    def _settle_extend(
+        self, lease: Lease, ttl: float, sent: float, ok: int, failed: int
+    ) -> bool | None:
+        if ok >= self.quorum:
+            lease.deadline = sent + ttl - (ttl * self.drift_factor + 0.002)
+            return True
+        if ok + failed < self.quorum:
+            return False
+        return None
+
+    def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Any, Any, bool]:
+        sent = time.monotonic()
+        results = yield Fanout([self._extend_command(lease, ttl)])
+        ok, failed = self._count(results)
+        outcome = self._settle_extend(lease, ttl, sent, ok, failed)
+        if outcome is None:
+            raise self._no_quorum(lease.name, results)
+        return outcome
+
+    def _renew_steps(self, leases: list[Lease]) -> Generator[Any, Any, list]:
+        sent = time.monotonic()
+        results = yield Fanout([self._extend_command(le, le.ttl) for le in leases])
+        outcomes: list[bool | None] = []
+        for k, lease in enumerate(leases):
+            ok, failed = self._count(results, k)
+            outcomes.append(self._settle_extend(lease, lease.ttl, sent, ok, failed))
+        return outcomes
+
+    def _is_held_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
+        results = yield Fanout([("HGET", self.keys_for(lease.name)[0], "t")])
+        token = lease.token.encode()
+        held = sum(1 for r in results if not isinstance(r, _Failed) and r[0] == token)
+        if held >= self.quorum:
+            return True
+        failed = sum(1 for r in results if isinstance(r, _Failed))
+        if held + failed >= self.quorum and time.monotonic() < lease.deadline:
+            return True
+        return False
+
+    # -- the contract -----------------------------------------------------
+
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        return self._run(self._acquire_steps(name, ttl, timeout))
+
+    def release(self, lease: Lease) -> bool:
+        return self._run(self._release_steps(lease))
+
+    def extend(self, lease: Lease, ttl: float) -> bool:
+        return self._run(self._extend_steps(lease, ttl))
+
+    def is_held(self, lease: Lease) -> bool:
+        return self._run(self._is_held_steps(lease))
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew every lease on every node in one pipelined round trip."""
+        leases = list(leases)
+        if not leases:
+            return []
+        return self._run(self._renew_steps(leases))
+
+    async def aacquire(
+        self, name: str, ttl: float, timeout: float | None
+    ) -> Lease | None:
+        return await self._arun(self._acquire_steps(name, ttl, timeout))
+
+    async def arelease(self, lease: Lease) -> bool:
+        return await self._arun(self._release_steps(lease))
+
+    async def aextend(self, lease: Lease, ttl: float) -> bool:
+        return await self._arun(self._extend_steps(lease, ttl))
+
+    async def ais_held(self, lease: Lease) -> bool:
+        return await self._arun(self._is_held_steps(lease))
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        leases = list(leases)
+        if not leases:
+            return []
+        return await self._arun(self._renew_steps(leases))
+
+    # -- listing and clearing ----------------------------------------------
+
+    def _node_client(self, i: int):
+        import redis
+
+        return redis.Redis.from_url(self.locations[i], **self._conn_kwargs())
+
+    def holders(self, prefix: str = "") -> Iterator[Holder]:
+        """Yield the locks that a quorum of nodes hold with the same token."""
+        import redis
+
+        pattern = glob_escape(self.key_prefix) + ":{*}"
+        seen: dict[tuple[bytes, bytes], list] = {}
+        failed = 0
+        for i in range(len(self.nodes)):
+            client = self._node_client(i)
+            try:
+                keys = list(client.scan_iter(match=pattern, count=1000, _type="HASH"))
+                for start in range(0, len(keys), 500):
+                    batch = keys[start : start + 500]
+                    pipe = client.pipeline(transaction=False)
+                    for key in batch:
+                        pipe.hgetall(key)
+                        pipe.pttl(key)
+                    replies = pipe.execute()
+                    now = time.time()
+                    for k, key in enumerate(batch):
+                        fields, pttl = replies[2 * k], replies[2 * k + 1]
+                        if not fields or b"t" not in fields or pttl is None:
+                            continue
+                        expires = now + pttl / 1000 if pttl > 0 else None
+                        seen.setdefault((key, fields[b"t"]), []).append(
+                            (fields, expires)
+                        )
+            except redis.exceptions.RedisError:
+                failed += 1
+            finally:
+                client.close()
+        if len(self.nodes) - failed < self.quorum:
+            raise LockBackendError(
+                f"Redlock backend {self.alias!r} could not reach a quorum of "
+                "nodes to list locks."
+            )
+        for (_key, token), copies in seen.items():
+            if len(copies) < self.quorum:
+                continue
+            fields = copies[0][0]
+            name, host, pid, thread, acquired = unpack_meta(fields.get(b"m", b""))
+            if not name.startswith(prefix):
+                continue
+            # Held until fewer than a quorum of nodes still hold it.
+            expiries = sorted((e for _f, e in copies if e is not None), reverse=True)
+            expires = (
+                expiries[self.quorum - 1] if len(expiries) >= self.quorum else None
+            )
+            fences = [int(f[b"f"]) for f, _e in copies if f.get(b"f")]
+            yield Holder(
+                backend=self.alias,
+                name=name,
+                token=token.decode(),
+                host=host,
+                pid=pid,
+                thread=thread,
+                acquired_at=datetime.fromtimestamp(acquired, timezone.utc)
+                if acquired
+                else None,
+                expires_at=datetime.fromtimestamp(expires, timezone.utc)
+                if expires
+                else None,
+                fencing_token=max(fences) if fences else None,
+            )
+
+    def force_release(self, name: str, token: str) -> bool:
+        """Delete the lease ``token`` of ``name`` on every node that has it.
+
+        Return True if any node removed it: the lock is then no longer held
+        by a quorum unless it was re-taken, which this never undoes.
+        """
+        results = self._run(
+            _single(Fanout([self._release_command(self.keys_for(name), token)]))
+        )
+        ok, failed = self._count(results)
+        if ok == 0 and len(self.nodes) - failed < self.quorum:
+            raise self._no_quorum(name, results)
+        return ok > 0
+
+
+def _single(step: Fanout) -> Generator[Any, Any, Any]:
+    return (yield step)
