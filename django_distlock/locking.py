@@ -149,6 +149,9 @@ class Lock(ContextDecorator):
         lease expired or was taken over before the release.
         """
         backend, lease = self._pop()
+        if lease.lost:
+            # Nothing of ours is left to delete (and the backend may be down).
+            self._lost(backend, lease, "the lease was lost earlier")
         ok = backend.release(lease)
         self._released(backend, lease, ok)
 
@@ -202,6 +205,8 @@ class Lock(ContextDecorator):
     async def arelease(self) -> None:
         """Async twin of :meth:`release`."""
         backend, lease = self._pop()
+        if lease.lost:
+            self._lost(backend, lease, "the lease was lost earlier")
         ok = await backend.arelease(lease)
         self._released(backend, lease, ok)
 

@@ -1,0 +1,145 @@
+"""The renewal loop: one thread per process for every lease, weakly held."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+from django.test import override_settings
+
+from django_distlock import LockLost, lock, locks
+from django_distlock.backends.redis import RedisLockBackend
+from django_distlock.signals import lock_lost
+from django_distlock.watchdog import get_watchdog, renewal_due
+
+from .conftest import redis_locks
+from .contract import Recorder
+from .servers import RedisServer
+
+pytestmark = pytest.mark.redis
+
+TTL = 0.6
+
+
+@pytest.fixture(autouse=True)
+def _redis(redis_url):
+    with override_settings(LOCKS=redis_locks(redis_url)):
+        yield
+
+
+def watchdog_threads():
+    return [t for t in threading.enumerate() if t.name == "django_distlock-watchdog"]
+
+
+@pytest.fixture
+def renew_calls(monkeypatch):
+    """Record the batch size of every renew() call."""
+    calls: list[int] = []
+    original = RedisLockBackend.renew
+
+    def spy(self, leases):
+        leases = list(leases)
+        calls.append(len(leases))
+        return original(self, leases)
+
+    monkeypatch.setattr(RedisLockBackend, "renew", spy)
+    return calls
+
+
+def test_renewal_is_due_after_a_third_of_the_ttl():
+    held = lock("x", ttl=3, auto_renew=False)
+    held.acquire()
+    lease = held.lease
+    assert renewal_due(lease) == pytest.approx(lease.deadline - 2.0)
+    held.release()
+
+
+def test_one_thread_renews_many_leases(renew_calls):
+    baseline = len(get_watchdog())
+    handles = [lock(f"many:{i}", ttl=TTL) for i in range(20)]
+    for h in handles:
+        assert h.acquire()
+    try:
+        assert len(get_watchdog()) == baseline + 20
+        time.sleep(TTL * 4)
+        assert len(watchdog_threads()) == 1
+        for h in handles:
+            assert h.locked()
+        assert sum(renew_calls) >= 20 * 3  # every lease renewed several times
+        # ... in batches: far fewer round trips than renewals.
+        assert len(renew_calls) < sum(renew_calls) / 2
+    finally:
+        for h in handles:
+            h.release()
+    assert len(get_watchdog()) == baseline
+
+
+def test_released_lease_is_no_longer_renewed(renew_calls):
+    with lock("x", ttl=TTL):
+        pass
+    renew_calls.clear()
+    time.sleep(TTL)
+    assert renew_calls == []
+
+
+def test_garbage_collected_handle_is_not_renewed_forever():
+    baseline = len(get_watchdog())
+    held = lock("gc", ttl=TTL)
+    held.acquire()
+    assert len(get_watchdog()) == baseline + 1
+    del held
+    gc.collect()
+    # The renewal loop forgets it at its next pass, and the lease expires.
+    deadline = time.monotonic() + 10
+    while len(get_watchdog()) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(get_watchdog()) == baseline
+    started = time.monotonic()
+    with lock("gc", timeout=10):
+        assert time.monotonic() - started < 5
+
+
+def test_loss_detected_by_renewal_is_signalled_once():
+    with Recorder(lock_lost) as rec:
+        held = lock("x", ttl=TTL)
+        held.acquire()
+        assert locks["default"].force_release("x", held.lease.token)
+        (event,) = rec.wait_for(lock_lost, timeout=TTL * 10)
+        assert event["reason"] == "renewal found the lease gone"
+        assert event["lease"] is held.lease
+        with pytest.raises(LockLost):
+            held.extend()
+        with pytest.raises(LockLost):
+            held.release()
+        assert len(rec.of(lock_lost)) == 1
+
+
+def test_unreachable_backend_loses_the_lease_at_its_deadline():
+    server = RedisServer().start()
+    try:
+        with override_settings(LOCKS=redis_locks(server.url)):
+            with Recorder(lock_lost) as rec:
+                held = lock("x", ttl=1.0)
+                held.acquire()
+                server.kill()
+                (event,) = rec.wait_for(lock_lost, timeout=10)
+                assert "unreachable" in event["reason"]
+                assert held.lease.remaining() <= 0.05
+                with pytest.raises(LockLost):
+                    held.release()
+    finally:
+        server.stop()
+
+
+def test_renewal_survives_a_short_outage(redis_server):
+    with lock("x", ttl=2.0) as held:
+        redis_server.pause()
+        try:
+            time.sleep(0.9)  # past a renewal; the lease has 2 s on the server
+        finally:
+            redis_server.resume()
+        time.sleep(1.5)
+        assert held.locked()
+        assert not held.lease.lost
