@@ -6,6 +6,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import pickle
 import platform
 import sys
 import tempfile
@@ -79,6 +80,13 @@ def parse_args(argv):
         "and docs/img for a full run)",
     )
     parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="PICKLE",
+        help="only re-render the report and plots of an earlier run's raw "
+        "results (its latest.pickle)",
+    )
+    parser.add_argument(
         "--no-postgres", action="store_true", help="skip the PostgreSQL scenario"
     )
     return parser.parse_args(argv)
@@ -93,13 +101,19 @@ def main(argv=None) -> int:
         return 2
     if args.out:
         report_path = args.out / "latest.md"
-        img_dir = args.out
+        img_dir = raw_dir = args.out
     elif args.quick:
         report_path = ROOT / "benchmarks/results/raw/quick/latest.md"
-        img_dir = report_path.parent
+        img_dir = raw_dir = report_path.parent
     else:
         report_path = ROOT / "benchmarks/results/latest.md"
         img_dir = ROOT / "docs/img"
+        raw_dir = ROOT / "benchmarks/results/raw"
+    publish = not (args.out or args.quick)
+    if args.replot:
+        with open(args.replot, "rb") as f:
+            saved = pickle.load(f)
+        return write_outputs(saved, report_path, img_dir, None, publish)
 
     ctx = Context(quick=args.quick)
     ctx.has_redlock_backend = has_module("django_distlock.backends.redlock")
@@ -155,19 +169,37 @@ def main(argv=None) -> int:
             os.unlink(sqlite_path)
     meta["load_end"] = os.getloadavg()
     meta["duration_s"] = time.monotonic() - ctx.started
+    saved = {
+        "results": results,
+        "skipped": skipped,
+        "errors": errors,
+        "meta": meta,
+    }
+    return write_outputs(saved, report_path, img_dir, raw_dir, publish)
 
+
+def write_outputs(saved, report_path, img_dir, raw_dir, publish) -> int:
+    """Write the report, the plots and (``raw_dir``) the raw results."""
     from . import plots, report
 
-    text = report.render(results, skipped, errors, meta, ctx)
+    if raw_dir is not None:
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        with open(raw_dir / "latest.pickle", "wb") as f:
+            pickle.dump(saved, f)
+    text = report.render(**saved)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(text)
     print(text)
     img_dir.mkdir(parents=True, exist_ok=True)
-    written = plots.write_all(results, img_dir)
+    written = plots.write_all(saved["results"], img_dir)
     print(f"report: {report_path}", file=sys.stderr)
     for path in written:
         print(f"plot: {path}", file=sys.stderr)
-    return 1 if errors else 0
+    if publish:
+        page = ROOT / "docs/performance.md"
+        if report.publish(text, page):
+            print(f"results copied into {page}", file=sys.stderr)
+    return 1 if saved["errors"] else 0
 
 
 def skip_reason(ctx: Context, name: str) -> str:

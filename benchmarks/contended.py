@@ -73,7 +73,7 @@ def _fail(name):
     raise RuntimeError(f"{name}: not acquired within 30 s")
 
 
-def _worker(index: int, tasks, results, counter) -> None:
+def _worker(index: int, url: str, tasks, results, counter) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     from .common import quiet_imports
 
@@ -81,22 +81,28 @@ def _worker(index: int, tasks, results, counter) -> None:
     import django
 
     django.setup()
-    results.put((index, None, None))  # ready
+    # Import, connect and load scripts for every contender before reporting
+    # ready, on names of this worker's own: the first round must not pay it.
     made = {}
+    try:
+        for kind in CONTENDERS:
+            made[kind] = _make(kind, url)
+            for _ in range(3):
+                acquire, release = made[kind](f"bench:c:warm:{index}")
+                acquire()
+                release()
+    except Exception as e:
+        results.put((index, None, f"{type(e).__name__}: {e}"))
+        return
+    results.put((index, None, None))  # ready
     clock = time.monotonic_ns
     while True:
         task = tasks.get()
         if task is None:
             return
-        kind, url, name, start_at, stop_at = task
+        kind, name, start_at, stop_at = task
         try:
-            if kind not in made:
-                made[kind] = _make(kind, url)
             parts = made[kind]
-            # Connect and load scripts on a name of our own, before the start.
-            acquire, release = parts(f"{name}:warm:{index}")
-            acquire()
-            release()
             log = []
             while clock() < start_at:
                 time.sleep(0.0005)
@@ -218,13 +224,19 @@ def run(ctx) -> dict:
     results = mp.Queue()
     counter = mp.RawValue("q", 0)
     procs = [
-        mp.Process(target=_worker, args=(i, tasks[i], results, counter), daemon=True)
+        mp.Process(
+            target=_worker,
+            args=(i, ctx.redis_url, tasks[i], results, counter),
+            daemon=True,
+        )
         for i in range(WORKERS)
     ]
     for p in procs:
         p.start()
     for _ in range(WORKERS):
-        results.get(timeout=120)  # each worker is ready once Django is set up
+        index, _, error = results.get(timeout=180)
+        if error:
+            raise RuntimeError(f"worker {index} failed to start: {error}")
     rounds = ctx.size(full=2, quick=1)
     window = ctx.size(full=4.0, quick=0.5)
     by_name: dict[str, list[Outcome]] = {n: [] for n in CONTENDERS}
@@ -238,7 +250,7 @@ def run(ctx) -> dict:
                 start_at = time.monotonic_ns() + int(lead * 1e9)
                 stop_at = start_at + int(window * 1e9)
                 for q in tasks:
-                    q.put((kind, ctx.redis_url, name, start_at, stop_at))
+                    q.put((kind, name, start_at, stop_at))
                 logs = {}
                 for _ in range(WORKERS):
                     index, log, error = results.get(timeout=window + lead + 120)

@@ -27,34 +27,38 @@ def _color(name: str, floor: str) -> str:
 
 
 def ratio_bars(block: dict, title: str, path: Path, target: float | None) -> Path:
-    """Horizontal bars: p50 as a multiple of the floor, whisker to p99."""
+    """Horizontal bars: p50 as a multiple of the floor; a diamond marks p99."""
     plt = _plt()
     s = block["series"]
     floor = s[block["floor"]].p(50)
     names = list(s)[::-1]
     p50 = [s[n].p(50) / floor for n in names]
     p99 = [s[n].p(99) / floor for n in names]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6))
-    ax.barh(names, p50, color=[_color(n, block["floor"]) for n in names])
-    ax.errorbar(
-        p50,
-        names,
-        xerr=[[0] * len(names), [b - a for a, b in zip(p50, p99)]],
-        fmt="none",
-        ecolor="black",
-        capsize=3,
-        lw=0.8,
-    )
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(names) + 1.7))
+    colors = [
+        FLOOR_COLOR if "floor" in n or n == block["floor"] else _color(n, "")
+        for n in names
+    ]
+    ax.barh(names, p50, color=colors, height=0.65)
+    ax.scatter(p99, names, marker="D", s=14, color="black", zorder=3, label="p99")
     for y, (v, n) in enumerate(zip(p50, names)):
-        ax.text(v, y, f" {v:.2f}x  ({s[n].p(50):.0f} µs)", va="center", fontsize=8)
+        ax.text(
+            v * 1.03,
+            y,
+            f"{v:.2f}x ({s[n].p(50):.0f} µs)",
+            va="center",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
+        )
     if target:
-        ax.axvline(target, color="red", ls="--", lw=1)
-        ax.text(target, len(names) - 0.4, f" target {target}x", color="red", fontsize=8)
+        ax.axvline(target, color="red", ls="--", lw=1, label=f"target {target}x")
     ax.axvline(1.0, color=FLOOR_COLOR, lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("p50 cycle as a multiple of the floor (whisker: p99); log scale")
+    ax.set_xlim(0.7, max(p99 + p50) * 1.6)
+    ax.set_xlabel("cycle time as a multiple of the floor's p50 (log scale)")
     ax.set_title(title)
-    ax.margins(x=0.25)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", which="both", alpha=0.2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

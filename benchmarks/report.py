@@ -217,7 +217,7 @@ def _series_table(block: dict, anchors: dict, note: str) -> list[str]:
     return lines
 
 
-def render(results, skipped, errors, meta, ctx) -> str:
+def render(results, skipped, errors, meta) -> str:
     lines = ["# django_distlock benchmark results", ""]
     if meta.get("quick"):
         lines += [
@@ -332,3 +332,27 @@ def render(results, skipped, errors, meta, ctx) -> str:
             ]
     lines.append("")
     return "\n".join(lines)
+
+
+START = "<!-- bench:results:start (written by python -m benchmarks) -->"
+END = "<!-- bench:results:end -->"
+
+
+def publish(text: str, page) -> bool:
+    """Copy the report into ``page`` between the result markers, if it has them.
+
+    Headings move down a level and the title is dropped, so that the report
+    sits inside the page's own "Results" section.
+    """
+    if not page.exists():
+        return False
+    current = page.read_text()
+    if START not in current or END not in current:
+        return False
+    body = []
+    for line in text.splitlines()[1:]:
+        body.append("#" + line if line.startswith("## ") else line)
+    head, rest = current.split(START, 1)
+    _, tail = rest.split(END, 1)
+    page.write_text(head + START + "\n" + "\n".join(body).strip() + "\n" + END + tail)
+    return True
