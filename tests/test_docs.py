@@ -375,3 +375,14 @@ def test_site_builds_without_warnings(tmp_path):
     assert "WARNING" not in output, output
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+def test_every_check_id_is_documented():
+    """The check ids table of docs/settings.md lists every id the code emits."""
+    emitted = set()
+    for path in (ROOT / "django_distlock").rglob("*.py"):
+        emitted |= set(re.findall(r"\bdistlock\.[EW]\d{3}\b", path.read_text()))
+    table = (DOCS / "settings.md").read_text()
+    documented = set(re.findall(r"^\| `(distlock\.[EW]\d{3})` \|", table, re.M))
+    assert emitted - documented == set(), "check ids missing from docs/settings.md"
+    assert documented - emitted == set(), "docs/settings.md lists unknown check ids"
