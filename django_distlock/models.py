@@ -1,7 +1,21 @@
 """Models: the database backend's lock table, the admin anchor, FencedModel."""
 
-from django.db import models
+from contextlib import nullcontext
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, connections, models, router, transaction
 from django.utils.translation import gettext_lazy as _
+
+from .exceptions import StaleFencingToken
+from .fencing import (
+    FENCING_FIELD,
+    FencedManager,
+    claim_rows,
+    held_lease,
+    stale,
+    update_row,
+)
 
 __all__ = ["FencedModel", "Lock", "LockRecord"]
 
@@ -54,9 +68,163 @@ class Lock(models.Model):
 
 
 class FencedModel(models.Model):
-    """Abstract model whose writes can be fenced by a lock's fencing token."""
+    """Abstract model whose writes can be fenced by a lock's fencing token.
+
+    ``fencing_token`` stores the token of the last fenced write to the row.
+    ``save(fence=held)`` and ``delete(fence=held)`` (``held``: a held
+    :class:`~django_distlock.locking.Lock` or its Lease) write only if that
+    token is not newer than ``held.fencing_token``, and otherwise raise
+    :class:`~django_distlock.exceptions.StaleFencingToken` and write nothing.
+    Saves without ``fence`` are Django's ordinary saves, except that an
+    UPDATE never changes ``fencing_token`` (an unfenced write must not move
+    the fence back). ``objects`` is a :class:`~django_distlock.fencing.FencedManager`
+    (``Model.objects.fenced(held).update(...)``). See ``docs/fencing.md``.
+    """
 
     fencing_token = models.BigIntegerField(default=0, editable=False)
 
+    objects = FencedManager()
+
     class Meta:
         abstract = True
+
+    def save(self, *args: Any, fence: Any = None, **kwargs: Any) -> None:
+        """Save the instance; with ``fence=held``, only if no newer holder wrote.
+
+        A fenced save of an existing row is one conditional UPDATE that also
+        stores ``held.fencing_token``; a new row is INSERTed with it. A row
+        deleted since it was loaded is not re-created. ``pre_save`` is sent
+        before the attempt, ``post_save`` only after a successful write.
+        Raise StaleFencingToken (nothing written), LockNotHeld or LockLost.
+        """
+        if fence is None:
+            return super().save(*args, **kwargs)
+        if args:
+            raise TypeError("save(fence=...) takes keyword arguments only.")
+        lease = held_lease(fence)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None:
+            if not update_fields:
+                return None  # Django's no-op save: nothing written, no signals.
+            kwargs["update_fields"] = {*update_fields, FENCING_FIELD}
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        kwargs["using"] = using
+        connection = connections[using]
+        # Rows of several tables (multi-table inheritance) must all be written
+        # or none: a refusal in one table rolls the others back.
+        several_tables = bool(self._meta.concrete_model._meta.parents)
+        in_atomic = connection.in_atomic_block
+        rollback_before = connection.needs_rollback
+        previous = self.fencing_token
+        self.fencing_token = lease.fencing_token
+        self._distlock_fence = lease
+        try:
+            with transaction.atomic(using=using) if several_tables else nullcontext():
+                super().save(**kwargs)
+        except StaleFencingToken:
+            self.fencing_token = previous
+            if in_atomic and not several_tables and not rollback_before:
+                # save_base() marked the enclosing atomic block for rollback,
+                # but the refused write changed nothing: the transaction is
+                # as good as before, so the caller may handle the refusal.
+                transaction.set_rollback(False, using=using)
+            raise
+        except BaseException:
+            self.fencing_token = previous
+            raise
+        finally:
+            del self._distlock_fence
+        return None
+
+    save.alters_data = True
+
+    async def asave(self, *args: Any, fence: Any = None, **kwargs: Any) -> None:
+        """Async twin of :meth:`save`."""
+        if fence is None:
+            return await super().asave(*args, **kwargs)
+        return await sync_to_async(self.save)(*args, fence=fence, **kwargs)
+
+    asave.alters_data = True
+
+    def delete(
+        self, using: str | None = None, keep_parents: bool = False, *, fence: Any = None
+    ) -> tuple[int, dict[str, int]]:
+        """Delete the instance; with ``fence=held``, only if no newer holder wrote.
+
+        The fenced delete runs in a transaction that first stamps the row with
+        ``held.fencing_token`` (locking it), then deletes it and what cascades
+        from it. Raise StaleFencingToken (nothing deleted) if the row is newer
+        or already gone.
+        """
+        if fence is None:
+            return super().delete(using=using, keep_parents=keep_parents)
+        lease = held_lease(fence)
+        if self.pk is None:
+            return super().delete(using=using, keep_parents=keep_parents)
+        using = using or router.db_for_write(type(self), instance=self)
+        token_model = self._meta.get_field(FENCING_FIELD).model
+        pk = self._get_pk_val(token_model._meta)
+        with transaction.atomic(using=using):
+            row = token_model._base_manager.using(using).filter(pk=pk)
+            if not claim_rows(row, lease):
+                raise stale(lease, token_model, pk, None)
+            return super().delete(using=using, keep_parents=keep_parents)
+
+    delete.alters_data = True
+
+    async def adelete(
+        self, using: str | None = None, keep_parents: bool = False, *, fence: Any = None
+    ) -> tuple[int, dict[str, int]]:
+        """Async twin of :meth:`delete`."""
+        return await sync_to_async(self.delete)(
+            using=using, keep_parents=keep_parents, fence=fence
+        )
+
+    adelete.alters_data = True
+
+    def _is_token_table(self, model: type[models.Model]) -> bool:
+        token_model = self._meta.get_field(FENCING_FIELD).model
+        return model._meta.concrete_model is token_model._meta.concrete_model
+
+    def _do_update(self, base_qs, using, pk_val, values, update_fields, forced_update):
+        if not self._is_token_table(base_qs.model):
+            return super()._do_update(
+                base_qs, using, pk_val, values, update_fields, forced_update
+            )
+        values = [v for v in values if v[0].attname != FENCING_FIELD]
+        lease = getattr(self, "_distlock_fence", None)
+        if lease is None:
+            return super()._do_update(
+                base_qs, using, pk_val, values, update_fields, forced_update
+            )
+        field = self._meta.get_field(FENCING_FIELD)
+        values.append((field, None, lease.fencing_token))
+        return update_row(self, base_qs, pk_val, values, lease)
+
+    def _do_insert(self, manager, using, fields, returning_fields, raw):
+        lease = getattr(self, "_distlock_fence", None)
+        meta = manager.model._meta
+        if (
+            lease is None
+            or not self._is_token_table(manager.model)
+            or self._get_pk_val(meta) is None
+        ):
+            return super()._do_insert(manager, using, fields, returning_fields, raw)
+        # A row with a chosen pk may be created concurrently by another holder:
+        # then the INSERT fails and the write becomes a conditional UPDATE, so
+        # a newer holder's row wins and an older one's is overwritten.
+        if connections[using].in_atomic_block:
+            guard = transaction.atomic(using=using)
+        else:
+            guard = nullcontext()
+        try:
+            with guard:
+                return super()._do_insert(manager, using, fields, returning_fields, raw)
+        except IntegrityError:
+            values = [
+                (f, None, f.pre_save(self, False)) for f in fields if not f.primary_key
+            ]
+            base_qs = manager.using(using)
+            if update_row(self, base_qs, self._get_pk_val(meta), values, lease):
+                return []
+            raise
