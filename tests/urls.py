@@ -1,4 +1,17 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from . import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("buy/<str:sku>/", views.buy),
+    path("buy-now/<str:sku>/", views.buy_now),
+    path("abuy/<str:sku>/", views.abuy),
+    path("cbv/<str:sku>/", views.BuyView.as_view()),
+    path("acbv/<str:sku>/", views.AsyncBuyView.as_view()),
+    path("misconfigured/<str:sku>/", views.misconfigured),
+    path("custom/<str:sku>/", views.buy_custom),
+    path("by-callable/", views.by_callable),
+    path("echo/<path:anything>", views.echo_name),
+]

@@ -1,0 +1,254 @@
+"""The view decorator: run a view while holding a distributed lock.
+
+Modelled on :mod:`django.views.decorators.cache`: one decorator, a sync and
+an async branch, :func:`functools.wraps`.
+
+When the lock stays busy for the wait timeout the view is not run and the
+answer is ``423 Locked``; when the backend cannot be reached it is ``503
+Service Unavailable``. Both carry ``Retry-After``. Override them per view with
+``on_locked=`` or project-wide with the ``DISTLOCK_LOCKED_VIEW`` setting, a
+dotted path to a view ``(request, exception)`` in the manner of Django's
+``CSRF_FAILURE_VIEW``; the exception is a
+:class:`~django_distlock.exceptions.LockNotAcquired` or a
+:class:`~django_distlock.exceptions.LockBackendError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from functools import wraps
+from inspect import iscoroutinefunction
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction as asgiref_iscoroutinefunction
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.utils.module_loading import import_string
+
+from .exceptions import LockBackendError, LockNotAcquired
+from .handler import DEFAULT_LOCK_ALIAS
+from .locking import DEFAULT, Lock
+
+__all__ = [
+    "RETRY_AFTER_LOCKED",
+    "RETRY_AFTER_UNAVAILABLE",
+    "distributed_lock",
+    "locked_view",
+]
+
+#: ``Retry-After`` (seconds) of the default 423 answer.
+RETRY_AFTER_LOCKED = 1
+#: ``Retry-After`` (seconds) of the default 503 answer.
+RETRY_AFTER_UNAVAILABLE = 5
+
+#: A placeholder: ``<name>`` where name is a Python identifier (like URL kwargs).
+PLACEHOLDER = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)>")
+
+LockedHandler = Callable[[HttpRequest, Exception], HttpResponse]
+
+
+def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Answer a request whose lock could not be taken: 423, or 503 if down.
+
+    This is the default of the ``DISTLOCK_LOCKED_VIEW`` setting.
+    """
+    if isinstance(exception, LockBackendError):
+        response = HttpResponse(
+            "The lock service is unavailable; try again later.\n",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(RETRY_AFTER_UNAVAILABLE)
+    else:
+        response = HttpResponse(
+            "This resource is locked by another request; try again shortly.\n",
+            status=423,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(RETRY_AFTER_LOCKED)
+    return response
+
+
+def _settings_handler() -> LockedHandler:
+    path = getattr(settings, "DISTLOCK_LOCKED_VIEW", None)
+    if not path:
+        return locked_view
+    if callable(path):
+        return path
+    try:
+        return import_string(path)
+    except ImportError as e:
+        raise ImproperlyConfigured(
+            f"DISTLOCK_LOCKED_VIEW {path!r} cannot be imported: {e}"
+        ) from e
+
+
+def _namer(
+    template_or_callable: str | Callable[..., str], view: Callable
+) -> Callable[..., str]:
+    """Return ``f(request, args, kwargs) -> lock name`` for the decorator."""
+    if callable(template_or_callable):
+        make = template_or_callable
+
+        def from_callable(request, args, kwargs):
+            name = make(request, *args, **kwargs)
+            if not isinstance(name, str):
+                raise TypeError(
+                    f"The lock name callable of view {_view_name(view)} returned "
+                    f"{type(name).__name__}, not str."
+                )
+            return name
+
+        return from_callable
+    if not isinstance(template_or_callable, str):
+        raise TypeError(
+            "distributed_lock() takes a name template (str) or a callable, not "
+            f"{type(template_or_callable).__name__}."
+        )
+    template = template_or_callable
+    placeholders = PLACEHOLDER.findall(template)
+    if not placeholders:
+        return lambda request, args, kwargs: template
+
+    def from_template(request, args, kwargs):
+        missing = [p for p in placeholders if p not in kwargs]
+        if missing:
+            raise ImproperlyConfigured(
+                f"distributed_lock({template!r}) on view {_view_name(view)}: "
+                f"placeholder <{missing[0]}> matches no URL kwarg "
+                f"(the URL gave {sorted(kwargs) or 'none'})."
+            )
+        # One pass: a value containing "<x>" is data, never substituted again.
+        return PLACEHOLDER.sub(lambda m: str(kwargs[m.group(1)]), template)
+
+    return from_template
+
+
+def _view_name(view: Callable) -> str:
+    module = getattr(view, "__module__", "?")
+    return f"{module}.{getattr(view, '__qualname__', repr(view))}"
+
+
+def distributed_lock(
+    template_or_callable: str | Callable[..., str],
+    *,
+    using: str = DEFAULT_LOCK_ALIAS,
+    ttl: float | None = None,
+    timeout: float | None = DEFAULT,
+    auto_renew: bool | None = None,
+    on_locked: LockedHandler | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorate a view so that it runs while holding a lock.
+
+    ``template_or_callable`` is either a name template whose ``<kwarg>``
+    placeholders are filled from the view's URL kwargs
+    (``"inventory:<sku>"``), or a callable ``(request, *args, **kwargs) ->
+    str``. URL values are plain data: any string makes a valid lock name and
+    the backend keeps its keys bounded whatever its length. A placeholder
+    with no matching URL kwarg raises ImproperlyConfigured naming the
+    placeholder and the view.
+
+    ``using``, ``ttl``, ``timeout`` and ``auto_renew`` are those of
+    :func:`~django_distlock.lock`. If the lock is still busy after
+    ``timeout`` or the backend is unreachable, the view is not run and
+    ``on_locked(request, exception)`` answers (default: the
+    ``DISTLOCK_LOCKED_VIEW`` setting, itself defaulting to
+    :func:`locked_view`: 423 or 503 with ``Retry-After``).
+
+    Works on function views, async views, and class-based views through
+    ``method_decorator(distributed_lock(...), name="dispatch")`` (sync or
+    async ones: Django runs sync views off the event loop, so a wrapped
+    callable found on the loop is an async view's ``dispatch`` and the lock
+    is held around the coroutine it returns). The lock
+    is released when the view returns: a streaming response's body is
+    produced after that.
+    """
+
+    def decorator(view_func: Callable) -> Callable:
+        name_of = _namer(template_or_callable, view_func)
+
+        def make_lock(request, args, kwargs) -> Lock:
+            return Lock(
+                name_of(request, args, kwargs),
+                using=using,
+                ttl=ttl,
+                timeout=timeout,
+                auto_renew=auto_renew,
+            )
+
+        def refuse(request, exc) -> HttpResponse:
+            handler = on_locked or _settings_handler()
+            return handler(request, exc)
+
+        async def _async_view(request, *args, **kwargs):
+            held = make_lock(request, args, kwargs)
+            try:
+                await held.__aenter__()
+            except (LockNotAcquired, LockBackendError) as exc:
+                response = refuse(request, exc)
+                if hasattr(response, "__await__"):  # an async handler
+                    response = await response
+                return response
+            async with _Entered(held):
+                response = view_func(request, *args, **kwargs)
+                if hasattr(response, "__await__"):
+                    response = await response
+                return response
+
+        if iscoroutinefunction(view_func) or asgiref_iscoroutinefunction(view_func):
+
+            async def _view_wrapper(request, *args, **kwargs):
+                return await _async_view(request, *args, **kwargs)
+
+        else:
+
+            def _view_wrapper(request, *args, **kwargs):
+                if _in_event_loop():
+                    # A sync callable run on the event loop returns a
+                    # coroutine: an async class-based view's dispatch().
+                    # Hold the lock around that coroutine, not around
+                    # its creation.
+                    return _async_view(request, *args, **kwargs)
+                held = make_lock(request, args, kwargs)
+                try:
+                    held.__enter__()
+                except (LockNotAcquired, LockBackendError) as exc:
+                    return refuse(request, exc)
+                with _Entered(held):
+                    return view_func(request, *args, **kwargs)
+
+        return wraps(view_func)(_view_wrapper)
+
+    return decorator
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Entered:
+    """Leave an already entered Lock (its ``__exit__`` semantics, unchanged)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Lock):
+        self.held = held
+
+    def __enter__(self) -> Lock:
+        return self.held
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return self.held.__exit__(*exc_info)
+
+    async def __aenter__(self) -> Lock:
+        return self.held
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        return await self.held.__aexit__(*exc_info)

@@ -1,0 +1,105 @@
+"""Helpers shared by the Django-surface tests (views, command, admin, lock_for).
+
+``SURFACE_BACKENDS`` are the backends those tests run on: Redis (a real
+redis-server), locmem, and the database backend once it is implemented.
+Workers here are module-level so spawned processes can import them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_distlock.backends.base import BaseLockBackend
+
+from .conftest import redis_locks
+from .servers import free_port
+
+SURFACE_BACKENDS = ["redis", "locmem", "database"]
+
+
+def database_backend_ready() -> bool:
+    try:
+        from django_distlock.backends.database import DatabaseLockBackend
+    except ImportError:
+        return False
+    return DatabaseLockBackend.holders is not BaseLockBackend.holders
+
+
+def locks_setting(kind: str, request) -> dict:
+    """Return a LOCKS setting whose default alias is backend ``kind``."""
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        return redis_locks(url)
+    if kind == "locmem":
+        return {
+            "default": {
+                "BACKEND": "django_distlock.backends.locmem.LocMemLockBackend",
+                "LOCATION": f"surface-{time.monotonic_ns()}",
+            }
+        }
+    if kind == "database":
+        if not database_backend_ready():
+            pytest.skip("the database backend is not implemented yet")
+        # Lock rows must be committed: other processes and connections read them.
+        request.getfixturevalue("transactional_db")
+        return {
+            "default": {
+                "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
+                "OPTIONS": {"DATABASE": "default"},
+            }
+        }
+    raise AssertionError(kind)
+
+
+def down_locks() -> dict:
+    """A LOCKS setting pointing at a Redis port where nothing listens."""
+    return {
+        "default": {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.3},
+        }
+    }
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def hold_lock(name: str, seconds: float, using: str = "default") -> None:
+    """Worker: hold ``name`` for ``seconds`` in this (spawned) process."""
+    from django_distlock import lock
+
+    with lock(name, using=using, ttl=max(1.0, seconds), timeout=10):
+        time.sleep(seconds)
+
+
+def is_listed(name: str, using: str = "default") -> bool:
+    from django_distlock import locks
+
+    return any(h.name == name for h in locks[using].holders(name))
+
+
+def buyer(sku: str, attempts: int) -> tuple[int, int]:
+    """Worker: buy through the decorated view until sold out."""
+    from django.test import Client
+
+    client = Client()
+    sold = busy = 0
+    for _ in range(attempts):
+        response = client.get(f"/buy/{sku}/?pause=0.005")
+        if response.status_code == 200:
+            sold += 1
+        elif response.status_code == 423:
+            busy += 1
+        elif response.status_code == 410:
+            break
+        else:
+            raise AssertionError(response.status_code)
+    return sold, busy

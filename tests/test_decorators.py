@@ -1,0 +1,228 @@
+"""The view decorator: function, async and class-based views; 423/503; names."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
+from django.test import AsyncClient, Client, override_settings
+
+from django_distlock import distributed_lock, lock, locks
+from django_distlock.decorators import locked_view
+from django_distlock.exceptions import LockBackendError, LockNotAcquired
+
+from .procs import run_in_processes, start_process
+from .surface import (
+    SURFACE_BACKENDS,
+    buyer,
+    down_locks,
+    hold_lock,
+    is_listed,
+    locks_setting,
+    wait_until,
+)
+from .testapp.models import Product
+
+
+@pytest.fixture(params=SURFACE_BACKENDS)
+def backend_kind(request):
+    with override_settings(LOCKS=locks_setting(request.param, request)):
+        yield request.param
+
+
+@pytest.fixture
+def cross_process_kind(backend_kind):
+    if backend_kind == "locmem":
+        pytest.skip("locmem locks do not reach other processes")
+    return backend_kind
+
+
+def test_free_lock_runs_the_view(backend_kind):
+    for url, body in [
+        ("/buy-now/a1/", b"bought a1"),
+        ("/cbv/a1/", b"cbv bought a1"),
+    ]:
+        response = Client().get(url)
+        assert response.status_code == 200
+        assert response.content == body
+
+
+def test_async_views_run(backend_kind):
+    async_to_sync(async_views_run)()
+
+
+async def async_views_run():
+    client = AsyncClient()
+    response = await client.get("/abuy/a1/")
+    assert response.status_code == 200
+    assert response.content == b"async bought a1"
+    response = await client.get("/acbv/a1/")
+    assert response.status_code == 200
+    assert response.content == b"async cbv bought a1"
+
+
+def test_decorated_view_keeps_its_identity():
+    from . import views
+
+    assert views.buy_now.__name__ == "buy_now"
+    assert views.buy_now.__wrapped__.__name__ == "buy_now"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_busy_from_another_process_is_423(cross_process_kind):
+    proc = start_process(hold_lock, "inventory:hot", 30)
+    try:
+        wait_until(lambda: is_listed("inventory:hot"), what="the other holder")
+        response = Client().get("/buy-now/hot/")
+        assert response.status_code == 423
+        assert int(response["Retry-After"]) >= 1
+        # Another SKU is another lock.
+        assert Client().get("/buy-now/cold/").status_code == 200
+    finally:
+        proc.kill()
+        proc.join()
+
+
+def test_busy_async_views_are_423(backend_kind):
+    async_to_sync(busy_async_views)()
+
+
+async def busy_async_views():
+    # The holder here is this process's other code; the view waits 0 s.
+    for name, url in [("inventory:a2", "/abuy/a2/"), ("acbv:a3", "/acbv/a3/")]:
+        held = lock(name, timeout=0)
+        assert await held.aacquire()
+        try:
+            response = await AsyncClient().get(url)
+            assert response.status_code == 423
+            assert "Retry-After" in response
+        finally:
+            await held.arelease()
+        assert (await AsyncClient().get(url)).status_code == 200
+
+
+def test_busy_cbv_is_423(backend_kind):
+    with lock("cbv:a3", timeout=0):
+        assert Client().get("/cbv/a3/").status_code == 423
+
+
+def test_backend_down_is_503():
+    with override_settings(LOCKS=down_locks()):
+        response = Client().get("/buy-now/x/")
+        assert response.status_code == 503
+        assert int(response["Retry-After"]) >= 1
+        response = async_to_sync(AsyncClient().get)("/abuy/x/")
+        assert response.status_code == 503
+        assert "Retry-After" in response
+
+
+def test_on_locked_callable_overrides(backend_kind):
+    with lock("inventory:c1", timeout=0):
+        response = Client().get("/custom/c1/")
+    assert response.status_code == 418
+    assert response.content == b"busy: LockNotAcquired"
+
+
+def test_setting_overrides_the_default_answer(backend_kind):
+    with (
+        override_settings(DISTLOCK_LOCKED_VIEW="tests.views.teapot"),
+        lock("inventory:s1", timeout=0),
+    ):
+        response = Client().get("/buy-now/s1/")
+    assert response.status_code == 418
+    with override_settings(
+        DISTLOCK_LOCKED_VIEW="tests.views.teapot", LOCKS=down_locks()
+    ):
+        response = Client().get("/buy-now/s1/")
+    assert response.content == b"busy: LockBackendError"
+
+
+def test_bad_setting_is_reported(backend_kind):
+    with (
+        override_settings(DISTLOCK_LOCKED_VIEW="tests.views.nope"),
+        lock("inventory:s2", timeout=0),
+        pytest.raises(ImproperlyConfigured, match="DISTLOCK_LOCKED_VIEW"),
+    ):
+        Client().get("/buy-now/s2/")
+
+
+def test_default_answers():
+    assert locked_view(None, LockNotAcquired("x")).status_code == 423
+    assert locked_view(None, LockBackendError("x")).status_code == 503
+
+
+def test_unknown_placeholder_names_placeholder_and_view(backend_kind):
+    with pytest.raises(ImproperlyConfigured) as info:
+        Client().get("/misconfigured/m1/")
+    message = str(info.value)
+    assert "<colour>" in message
+    assert "tests.views.misconfigured" in message
+    assert "sku" in message
+
+
+def test_callable_name(backend_kind):
+    with lock("user:7", timeout=0):
+        assert Client().get("/by-callable/?user=7").status_code == 423
+    assert Client().get("/by-callable/?user=7").status_code == 200
+
+
+def test_template_rejects_other_types():
+    with pytest.raises(TypeError):
+        distributed_lock(42)(lambda request: None)
+
+
+UNTRUSTED = [
+    "*",
+    "a?b[c]d",
+    "{tag}:}{",
+    "distlock:{x}",
+    "../../etc/passwd",
+    "100% tab\there",
+    "\N{SNOWMAN} snow man",
+    "<sku>",
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("value", UNTRUSTED, ids=range(len(UNTRUSTED)))
+def test_url_input_is_plain_data(backend_kind, value):
+    from urllib.parse import quote
+
+    url = "/echo/" + quote(value, safe="")
+    response = Client().get(url)
+    assert response.status_code == 200
+    assert response.json()["held"] == ["echo:" + value]
+    # That exact lock, and no other.
+    with lock("echo:" + value, timeout=0):
+        assert Client().get(url).status_code == 423
+        assert Client().get(url + "-other").status_code == 200
+
+
+def test_url_input_keys_stay_bounded_on_redis(redis_server, redis_url):
+    with override_settings(LOCKS=locks_setting("redis", _FixtureRequest(redis_url))):
+        name = "x" * 100_000
+        with lock(f"echo:{name}", timeout=0, ttl=5):
+            keys = redis_server.client().keys("*")
+        assert keys
+        prefix = locks["default"].key_prefix.encode()
+        for key in keys:
+            assert key.startswith(prefix + b":")
+            assert len(key) < 100
+
+
+class _FixtureRequest:
+    def __init__(self, url):
+        self.url = url
+
+    def getfixturevalue(self, name):
+        assert name == "redis_url"
+        return self.url
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_oversell_across_processes(cross_process_kind):
+    Product.objects.create(sku="flash", stock=12)
+    results = run_in_processes(buyer, [("flash", 40)] * 3)
+    sold = sum(r[0] for r in results)
+    assert sold == 12
+    assert Product.objects.get(sku="flash").stock == 0

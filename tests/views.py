@@ -1,0 +1,76 @@
+"""Views decorated with distributed_lock, for tests/test_decorators.py."""
+
+import asyncio
+import time
+
+from django.http import HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from django_distlock import distributed_lock, lock
+
+from .testapp.models import Product
+
+
+def _sell(sku: str, pause: float) -> HttpResponse:
+    # A deliberately racy read-modify-write: only the lock keeps it right.
+    product = Product.objects.get(sku=sku)
+    if product.stock <= 0:
+        return HttpResponse("sold out", status=410)
+    time.sleep(pause)
+    Product.objects.filter(pk=product.pk).update(stock=product.stock - 1)
+    return HttpResponse("ok")
+
+
+@distributed_lock("inventory:<sku>", timeout=5, ttl=5)
+def buy(request, sku):
+    return _sell(sku, float(request.GET.get("pause", 0)))
+
+
+@distributed_lock("inventory:<sku>", timeout=0)
+def buy_now(request, sku):
+    return HttpResponse(f"bought {sku}")
+
+
+@distributed_lock("inventory:<sku>", timeout=0)
+async def abuy(request, sku):
+    await asyncio.sleep(0)
+    return HttpResponse(f"async bought {sku}")
+
+
+@method_decorator(distributed_lock("cbv:<sku>", timeout=0), name="dispatch")
+class BuyView(View):
+    def get(self, request, sku):
+        return HttpResponse(f"cbv bought {sku}")
+
+
+@method_decorator(distributed_lock("acbv:<sku>", timeout=0), name="dispatch")
+class AsyncBuyView(View):
+    async def get(self, request, sku):
+        return HttpResponse(f"async cbv bought {sku}")
+
+
+@distributed_lock("inventory:<sku>:<colour>", timeout=0)
+def misconfigured(request, sku):
+    return HttpResponse("never")
+
+
+def teapot(request, exception):
+    return HttpResponse(f"busy: {type(exception).__name__}", status=418)
+
+
+@distributed_lock("inventory:<sku>", timeout=0, on_locked=teapot)
+def buy_custom(request, sku):
+    return HttpResponse("ok")
+
+
+@distributed_lock(lambda request, *a, **kw: f"user:{request.GET.get('user')}")
+def by_callable(request):
+    return HttpResponse("ok")
+
+
+@distributed_lock("echo:<anything>", timeout=0)
+def echo_name(request, anything):
+    # Report the lock the decorator holds, as the backend lists it.
+    held = [h.name for h in lock("x").backend.holders("echo:")]
+    return JsonResponse({"held": held})
