@@ -25,10 +25,19 @@ class LockRecord(models.Model):
 
     The row outlives its leases: ``fence`` (the last fencing token handed
     out) must never go back, so a released lock keeps its row with ``token``
-    cleared.
+    cleared. ``locks clear --stale`` deletes free and expired rows, first
+    raising the fence floor (the row whose ``digest`` is ``""``), from which
+    a re-created row starts counting, so tokens survive that too.
+
+    Times are written by the database's own clock, in UTC. ``name`` is the
+    lock name with backslash, NUL and lone surrogates backslash-escaped
+    (:func:`django_distlock.backends.database.decode_name` reverses it).
+    The backend reads and writes this table with raw SQL on its own
+    connections; treat it as read-only.
     """
 
-    digest = models.CharField(max_length=43, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    namespace = models.CharField(max_length=255, blank=True, default="")
     name = models.TextField()
     token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 (NULL = free)
     fence = models.BigIntegerField(default=0)
@@ -36,7 +45,9 @@ class LockRecord(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     thread = models.CharField(max_length=255, blank=True, default="")
     acquired_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Not indexed on purpose: every acquisition and renewal rewrites it, and
+    # an index would turn PostgreSQL's cheap HOT updates into index writes.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "django_distlock_lockrecord"

@@ -1,0 +1,824 @@
+"""Database backend: one row per lock name in the app's own table.
+
+Every lock is a row of :class:`~django_distlock.models.LockRecord`, keyed by
+a SHA-256 digest of ``(KEY_PREFIX, name)``. Each thread of a process talks
+to the database through a connection of its own, opened with Django's own
+machinery from the ``DATABASES`` entry but never shared with the ORM, so an
+acquisition never runs inside, commits or rolls back the caller's
+transaction.
+
+The hot path is one raw SQL statement per operation, in autocommit:
+
+- acquire: ``UPDATE ... SET token, fence = fence + 1, expires_at = now + ttl
+  WHERE digest = ... AND (token IS NULL OR expires_at <= now)``, returning the
+  new fence (``RETURNING`` on PostgreSQL and SQLite, ``LAST_INSERT_ID(expr)``
+  on MySQL/MariaDB). The UPDATE takes the same row lock a ``SELECT ... FOR
+  UPDATE`` would, for one statement instead of a four-statement transaction.
+  A miss is followed by a probe that tells "busy for N more seconds" from
+  "no row yet"; the row is then created in a short transaction (a unique
+  digest and ``ON CONFLICT DO NOTHING`` settle the race between creators).
+- release, extend, force release: owner-checked conditional UPDATEs.
+
+Expiry is compared with the database's clock (``clock_timestamp()``,
+``UTC_TIMESTAMP(6)``, SQLite's ``'now'``), never the app server's, so clock
+skew between app servers does not matter. Waiting is polling with jittered
+exponential backoff (capped by ``OPTIONS["MAX_BACKOFF"]``, 50 ms) that also
+wakes up when the holder's lease runs out.
+
+See ``docs/backends/database.md`` for the guarantees per database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import math
+import os
+import random
+import re
+import secrets
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ..exceptions import LockBackendError
+from .base import BaseLockBackend, Holder, Lease, holder_identity
+
+__all__ = ["DatabaseLockBackend", "decode_name", "encode_name", "record_digest"]
+
+#: ``digest`` of the fence-floor row: the highest fence of any deleted row.
+FLOOR = ""
+#: First and longest sleep between two polls of a busy lock, seconds.
+MIN_BACKOFF = 0.001
+DEFAULT_MAX_BACKOFF = 0.05
+#: Rows deleted per statement by :meth:`DatabaseLockBackend.clear_stale`.
+DELETE_CHUNK = 500
+#: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
+MYSQL_RETRY_CODES = {1205, 1213}
+
+_ESCAPE = re.compile("[\\\\\x00\ud800-\udfff]")
+_UNESCAPE = re.compile(r"\\(\\|0|u[0-9a-f]{4})")
+
+
+def encode_name(name: str) -> str:
+    """Return ``name`` as storable text: ``\\``, NUL, lone surrogates escaped.
+
+    PostgreSQL text cannot hold NUL and no driver sends lone surrogates; the
+    escaping is per character, so ``encode_name`` keeps prefixes.
+    """
+
+    def escape(match: re.Match) -> str:
+        ch = match.group()
+        if ch == "\\":
+            return "\\\\"
+        if ch == "\x00":
+            return "\\0"
+        return f"\\u{ord(ch):04x}"
+
+    return _ESCAPE.sub(escape, name)
+
+
+def decode_name(stored: str) -> str:
+    """Inverse of :func:`encode_name`."""
+
+    def unescape(match: re.Match) -> str:
+        code = match.group(1)
+        if code == "\\":
+            return "\\"
+        if code == "0":
+            return "\x00"
+        return chr(int(code[1:], 16))
+
+    return _UNESCAPE.sub(unescape, stored)
+
+
+def record_digest(namespace: str, name: str) -> str:
+    """Return the row key of ``name`` under ``namespace`` (64 hex digits).
+
+    Hex, not base64: MySQL's default collations compare case-insensitively.
+    """
+    raw = f"{len(namespace)}:{namespace}:{name}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _utc(value: Any) -> datetime | None:
+    """Return a database datetime (aware, naive UTC or text) as aware UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+# -- SQL per database ------------------------------------------------------
+
+
+class Dialect:
+    """The SQL of one database vendor, with ``%s`` placeholders."""
+
+    vendor = ""
+    #: UPDATE ... RETURNING is available (else MySQL's LAST_INSERT_ID(expr)).
+    returning = True
+    begin = "BEGIN"
+    for_update = " FOR UPDATE"
+    for_share = " FOR SHARE"
+    #: The database clock, as an SQL expression.
+    now = ""
+    #: The database clock plus one ttl parameter.
+    later = ""
+    #: Seconds from the database clock to ``expires_at``.
+    remaining = ""
+    insert_ignore = "INSERT INTO"
+    on_conflict = " ON CONFLICT (digest) DO NOTHING"
+
+    def ttl_param(self, seconds: float) -> Any:
+        """Return ``seconds`` as the parameter of :attr:`later`."""
+        return float(seconds)
+
+    def prepare(self, sql: str) -> str:
+        """Return ``sql`` in the driver's placeholder style."""
+        return sql
+
+    def build(self, table: str) -> dict[str, str]:
+        """Return every statement of the backend, for ``table`` (quoted)."""
+        now, later = self.now, self.later
+        fence = "fence + 1" if self.returning else "LAST_INSERT_ID(fence + 1)"
+        returning = " RETURNING fence" if self.returning else ""
+        sql = {
+            "acquire": (
+                f"UPDATE {table} SET token = %s, fence = {fence}, host = %s, "
+                f"pid = %s, thread = %s, acquired_at = {now}, "
+                f"expires_at = {later} WHERE digest = %s AND "
+                f"(token IS NULL OR token = %s OR expires_at <= {now}){returning}"
+            ),
+            "probe": (
+                f"SELECT token IS NULL OR expires_at <= {now}, {self.remaining} "
+                f"FROM {table} WHERE digest = %s"
+            ),
+            "ensure_floor": (
+                f"{self.insert_ignore} {table} "
+                "(digest, namespace, name, fence, host, thread) "
+                f"VALUES ('', '', '', 0, '', ''){self.on_conflict}"
+            ),
+            "floor_shared": f"SELECT fence FROM {table} WHERE digest = ''"
+            + self.for_share,
+            "floor_locked": f"SELECT fence FROM {table} WHERE digest = ''"
+            + self.for_update,
+            "create": (
+                f"INSERT INTO {table} (digest, namespace, name, token, fence, host, "
+                "pid, thread, acquired_at, expires_at) VALUES "
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, {now}, {later})"
+                + (self.on_conflict if self.returning else "")
+            ),
+            "extend": (
+                f"UPDATE {table} SET expires_at = {later} WHERE digest = %s "
+                f"AND token = %s AND expires_at > {now}"
+            ),
+            "release": (
+                f"UPDATE {table} SET token = NULL WHERE digest = %s AND token = %s "
+                f"AND expires_at > {now}"
+            ),
+            "drop": f"UPDATE {table} SET token = NULL WHERE digest = %s AND token = %s",
+            "is_held": (
+                f"SELECT 1 FROM {table} WHERE digest = %s AND token = %s "
+                f"AND expires_at > {now}"
+            ),
+            "holders": (
+                "SELECT name, token, host, pid, thread, acquired_at, expires_at, "
+                f"fence FROM {table} WHERE namespace = %s AND digest <> '' "
+                f"AND token IS NOT NULL AND expires_at > {now}"
+            ),
+            "stale": (
+                f"SELECT id, fence, token IS NOT NULL FROM {table} WHERE "
+                "namespace = %s AND digest <> '' AND "
+                f"(token IS NULL OR expires_at <= {now}){self.for_update}"
+            ),
+            "raise_floor": (
+                f"UPDATE {table} SET fence = %s WHERE digest = '' AND fence < %s"
+            ),
+            "delete": f"DELETE FROM {table} WHERE id IN ",
+        }
+        return {key: self.prepare(value) for key, value in sql.items()}
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL: ``clock_timestamp()``, UPDATE ... RETURNING."""
+
+    vendor = "postgresql"
+    now = "clock_timestamp()"
+    later = "clock_timestamp() + make_interval(secs => %s)"
+    remaining = "EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))"
+
+
+class MySQLDialect(Dialect):
+    """MySQL and MariaDB: ``UTC_TIMESTAMP(6)``, fence via ``LAST_INSERT_ID``."""
+
+    vendor = "mysql"
+    returning = False
+    begin = "START TRANSACTION"
+    for_share = " LOCK IN SHARE MODE"
+    now = "UTC_TIMESTAMP(6)"
+    later = "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND"
+    remaining = "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6"
+    insert_ignore = "INSERT IGNORE INTO"
+    on_conflict = ""
+
+    def ttl_param(self, seconds: float) -> Any:
+        return int(math.ceil(seconds * 1_000_000))
+
+
+class SQLiteDialect(Dialect):
+    """SQLite: no row locks; writers are serialized by the database file."""
+
+    vendor = "sqlite"
+    # The whole file is the lock: BEGIN IMMEDIATE takes the write lock up front.
+    begin = "BEGIN IMMEDIATE"
+    for_update = ""
+    for_share = ""
+    now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    later = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+    remaining = "(julianday(expires_at) - julianday('now')) * 86400.0"
+
+    def ttl_param(self, seconds: float) -> Any:
+        return f"+{seconds:.6f} seconds"
+
+    def prepare(self, sql: str) -> str:
+        return sql.replace("%s", "?").replace("%%", "%")
+
+
+DIALECTS: dict[str, type[Dialect]] = {
+    d.vendor: d for d in (PostgresDialect, MySQLDialect, SQLiteDialect)
+}
+
+
+# -- connections -----------------------------------------------------------
+
+
+def _close_raw(wrapper: Any, pid: int) -> None:
+    # Never close a connection inherited through fork: it is the parent's.
+    if os.getpid() != pid or wrapper.connection is None:
+        return
+    try:
+        wrapper.connection.close()
+    except Exception:  # noqa: BLE001 - closing a broken connection
+        pass
+    wrapper.connection = None
+
+
+class _Connection:
+    """One thread's private connection to the lock database."""
+
+    def __init__(self, wrapper: Any):
+        self.wrapper = wrapper
+        self.pid = os.getpid()
+        self._cursor: Any = None
+        self.errors = (wrapper.Database.Error, _django_db_error())
+        self.finalizer = weakref.finalize(self, _close_raw, wrapper, self.pid)
+
+    def cursor(self) -> Any:
+        """Return the driver's own cursor (no Django wrapping on the hot path)."""
+        if self._cursor is None or self.wrapper.connection is None:
+            self.wrapper.ensure_connection()
+            self._cursor = self.wrapper.connection.cursor()
+        return self._cursor
+
+    def reset(self) -> None:
+        """Drop the connection; the next :meth:`cursor` reconnects."""
+        self._cursor = None
+        _close_raw(self.wrapper, self.pid)
+
+    def usable(self) -> bool:
+        """Return True if the connection is still alive."""
+        if self.wrapper.connection is None:
+            return False
+        try:
+            return self.wrapper.is_usable()
+        except Exception:  # noqa: BLE001 - any failure means unusable
+            return False
+
+
+def _django_db_error() -> type[Exception]:
+    from django.db import Error
+
+    return Error
+
+
+_backends: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for backend in list(_backends):
+        backend._forget_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- the backend -----------------------------------------------------------
+
+
+class DatabaseLockBackend(BaseLockBackend):
+    """Locks as rows of a table in one of the project's databases.
+
+    ``OPTIONS["DATABASE"]`` names the ``DATABASES`` alias (default
+    ``"default"``); PostgreSQL, MySQL/MariaDB and SQLite (3.35+) are
+    supported. ``OPTIONS["MAX_BACKOFF"]`` caps the sleep between two polls
+    of a busy lock (seconds, default 0.05). ``KEY_PREFIX`` separates the
+    locks of aliases that share one table.
+    """
+
+    OPTION_KEYS = {"DATABASE", "MAX_BACKOFF"}
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        self.database = str(self.options.get("DATABASE", "default"))
+        self.max_backoff = float(self.options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF))
+        self._local = threading.local()
+        self._connections: weakref.WeakSet = weakref.WeakSet()
+        self._setup_lock = threading.Lock()
+        self._sql: dict[str, str] | None = None
+        self._dialect: Dialect | None = None
+        _backends.add(self)
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return system check messages for this backend's LOCKS entry."""
+        from django.conf import settings
+        from django.core.checks import Error, Warning
+        from django.db import connections
+
+        where = f"LOCKS[{alias!r}]['OPTIONS']"
+        options = params.get("OPTIONS") or {}
+        errors: list = []
+        unknown = sorted(set(options) - cls.OPTION_KEYS)
+        if unknown:
+            errors.append(
+                Error(
+                    f"{where} has unknown keys: {unknown}.",
+                    hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
+        backoff = options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF)
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or (not backoff > 0)
+        ):
+            errors.append(
+                Error(
+                    f"{where}['MAX_BACKOFF'] must be a positive number of seconds.",
+                    hint="The default, 0.05, makes a waiter notice a release "
+                    "within about 50 ms.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
+        database = options.get("DATABASE", "default")
+        if not isinstance(database, str) or database not in settings.DATABASES:
+            errors.append(
+                Error(
+                    f"{where}['DATABASE'] is {database!r}, which is not in "
+                    "settings.DATABASES.",
+                    hint="Name a DATABASES alias (default 'default') whose "
+                    "database has the django_distlock migrations applied.",
+                    obj="settings.LOCKS",
+                    id="distlock.E012",
+                )
+            )
+            return errors
+        vendor = connections[database].vendor
+        if vendor not in DIALECTS:
+            errors.append(
+                Error(
+                    f"{where}['DATABASE'] is {database!r}, a {vendor} database, "
+                    "which the database lock backend does not support.",
+                    hint="Use PostgreSQL, MySQL/MariaDB or SQLite, or another "
+                    "lock backend.",
+                    obj="settings.LOCKS",
+                    id="distlock.E014",
+                )
+            )
+        elif vendor == "sqlite":
+            if sqlite3.sqlite_version_info < (3, 35):
+                errors.append(
+                    Error(
+                        f"{where}['DATABASE'] is {database!r}, on SQLite "
+                        f"{sqlite3.sqlite_version}; the lock backend needs 3.35+.",
+                        hint="It uses UPDATE ... RETURNING; upgrade SQLite.",
+                        obj="settings.LOCKS",
+                        id="distlock.E014",
+                    )
+                )
+            if settings.DATABASES[database].get("ATOMIC_REQUESTS"):
+                errors.append(
+                    Warning(
+                        f"LOCKS[{alias!r}] keeps its locks in SQLite database "
+                        f"{database!r}, which has ATOMIC_REQUESTS = True.",
+                        hint="SQLite has one writer at a time: a lock taken or "
+                        "released inside a request's write transaction waits for "
+                        "that transaction. Keep the locks in a separate SQLite "
+                        "file (another DATABASES alias) or use another backend.",
+                        obj="settings.LOCKS",
+                        id="distlock.W003",
+                    )
+                )
+        return errors
+
+    # -- connections ------------------------------------------------------
+
+    @property
+    def dialect(self) -> Dialect:
+        """The SQL dialect of the lock database."""
+        if self._dialect is None:
+            self._setup()
+        return self._dialect  # type: ignore[return-value]
+
+    def _setup(self) -> None:
+        from django.db import connections
+
+        from ..models import LockRecord
+
+        with self._setup_lock:
+            if self._sql is not None:
+                return
+            wrapper = connections[self.database]
+            try:
+                dialect = DIALECTS[wrapper.vendor]()
+            except KeyError:
+                raise LockBackendError(
+                    f"Database lock backend {self.alias!r}: {wrapper.vendor} "
+                    "databases are not supported."
+                ) from None
+            table = wrapper.ops.quote_name(LockRecord._meta.db_table)
+            self._integrity_error = wrapper.Database.IntegrityError
+            self._dialect = dialect
+            self._sql = dialect.build(table)
+
+    def _new_wrapper(self) -> Any:
+        from django.db import connections
+        from django.db.utils import load_backend
+
+        settings_dict = copy.deepcopy(connections[self.database].settings_dict)
+        settings_dict["ATOMIC_REQUESTS"] = False
+        settings_dict["AUTOCOMMIT"] = True
+        options = settings_dict.setdefault("OPTIONS", {})
+        vendor = connections[self.database].vendor
+        if vendor == "postgresql":
+            # One plain connection per thread: no pool, the default READ
+            # COMMITTED (single statements re-check rows they wait for).
+            options.pop("pool", None)
+            options.pop("isolation_level", None)
+            options.setdefault("application_name", "django_distlock")
+        elif vendor == "mysql":
+            # No gap locks, so two creators of one row cannot deadlock.
+            options["isolation_level"] = "read committed"
+        backend = load_backend(settings_dict["ENGINE"])
+        return backend.DatabaseWrapper(settings_dict, self.database)
+
+    def _connection(self) -> _Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._sql is None:
+                self._setup()
+            conn = _Connection(self._new_wrapper())
+            self._local.conn = conn
+            self._connections.add(conn)
+        return conn
+
+    def _forget_connections(self) -> None:
+        # In a forked child: the parent's sockets are not ours to use or close.
+        self._local = threading.local()
+        self._connections = weakref.WeakSet()
+
+    def close(self) -> None:
+        """Close every thread's connection (they reconnect on next use)."""
+        for conn in list(self._connections):
+            conn.finalizer()
+        self._forget_connections()
+
+    def _call(self, what: str, func: Callable[..., Any], *args: Any) -> Any:
+        """Run ``func(cursor, *args)``; map driver errors to LockBackendError.
+
+        A connection found dead (a restarted server, a killed session) is
+        reopened and the call tried once more; every statement here is safe
+        to repeat, because a retried acquisition recognises its own token.
+        """
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                return func(conn.cursor(), *args)
+            except conn.errors as e:
+                if attempt == 1 and self._worth_retrying(conn, e):
+                    continue
+                raise self._error(e, what) from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _worth_retrying(self, conn: _Connection, exc: Exception) -> bool:
+        code = exc.args[0] if exc.args else None
+        if self.dialect.vendor == "mysql" and code in MYSQL_RETRY_CODES:
+            return True
+        if self.dialect.vendor == "sqlite":
+            return False  # "database is locked" has already waited its timeout
+        if conn.usable():
+            return False
+        conn.reset()
+        return True
+
+    def _error(self, exc: Exception, what: str) -> LockBackendError:
+        message = str(exc).strip()
+        hint = ""
+        if "lockrecord" in message.lower():
+            hint = " (has `manage.py migrate` been run on that database?)"
+        elif "database is locked" in message:
+            hint = (
+                " (SQLite has one writer at a time: is this thread or another "
+                "inside a write transaction on the same file?)"
+            )
+        return LockBackendError(
+            f"Database lock backend {self.alias!r} failed to {what} on database "
+            f"{self.database!r}: {message}{hint}"
+        )
+
+    def _transaction(self, cursor: Any, body: Callable[[Any], Any]) -> Any:
+        cursor.execute(self.dialect.begin)
+        try:
+            result = body(cursor)
+        except BaseException:
+            try:
+                cursor.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the connection may be gone
+                pass
+            raise
+        cursor.execute("COMMIT")
+        return result
+
+    # -- the algorithm, one attempt at a time -----------------------------
+
+    def _digest(self, name: str) -> str:
+        return record_digest(self.key_prefix, name)
+
+    @staticmethod
+    def _identity() -> tuple[str, int, str]:
+        host, pid, thread = holder_identity()
+        return host[:255], pid, thread[:255]
+
+    def _attempt(
+        self,
+        cursor: Any,
+        name: str,
+        digest: str,
+        token: str,
+        ttl: float,
+        identity: tuple[str, int, str],
+    ) -> tuple[int | None, float]:
+        """Try once. Return ``(fence, 0)`` or ``(None, seconds worth waiting)``."""
+        sql, dialect = self._sql, self._dialect
+        host, pid, thread = identity
+        ttl_p = dialect.ttl_param(ttl)
+        cursor.execute(sql["acquire"], (token, host, pid, thread, ttl_p, digest, token))
+        if dialect.returning:
+            # fetchall, not fetchone: SQLite commits when the statement ends.
+            rows = cursor.fetchall()
+            if rows:
+                return int(rows[0][0]), 0.0
+        elif cursor.rowcount:
+            return int(cursor.lastrowid), 0.0
+        cursor.execute(sql["probe"], (digest,))
+        rows = cursor.fetchall()
+        if not rows:
+            fence = self._transaction(
+                cursor,
+                lambda cur: self._create(cur, name, digest, token, ttl_p, identity),
+            )
+            return fence, 0.0
+        free, remaining = rows[0]
+        if free:
+            return None, 0.0  # released between the two statements: go again
+        return None, max(0.0, float(remaining or 0.0))
+
+    def _create(
+        self,
+        cursor: Any,
+        name: str,
+        digest: str,
+        token: str,
+        ttl_p: Any,
+        identity: tuple[str, int, str],
+    ) -> int | None:
+        # Inside a transaction. The shared lock on the floor row keeps
+        # clear_stale() from deleting rows (and raising the floor) meanwhile,
+        # so a re-created row starts above every fence its name ever had.
+        sql = self._sql
+        cursor.execute(sql["ensure_floor"])
+        cursor.execute(sql["floor_shared"])
+        floor = int(cursor.fetchall()[0][0])
+        host, pid, thread = identity
+        params = (
+            digest,
+            self.key_prefix,
+            encode_name(name),
+            token,
+            floor + 1,
+            host,
+            pid,
+            thread,
+            ttl_p,
+        )
+        if self.dialect.vendor == "mysql":
+            try:
+                cursor.execute(sql["create"], params)
+            except self._integrity_error:
+                return None  # another creator won; the caller polls
+        else:
+            cursor.execute(sql["create"], params)
+            if cursor.rowcount != 1:
+                return None
+        return floor + 1
+
+    def _extend_once(self, cursor: Any, digest: str, token: str, ttl: float) -> bool:
+        cursor.execute(
+            self._sql["extend"], (self._dialect.ttl_param(ttl), digest, token)
+        )
+        return cursor.rowcount == 1
+
+    def _release_once(self, cursor: Any, digest: str, token: str) -> bool:
+        cursor.execute(self._sql["release"], (digest, token))
+        if cursor.rowcount == 1:
+            return True
+        # Expired (not yet taken over): clear it anyway, but report the loss.
+        cursor.execute(self._sql["drop"], (digest, token))
+        return False
+
+    def _is_held_once(self, cursor: Any, digest: str, token: str) -> bool:
+        cursor.execute(self._sql["is_held"], (digest, token))
+        return bool(cursor.fetchall())
+
+    def _drop_once(self, cursor: Any, digest: str, token: str) -> bool:
+        cursor.execute(self._sql["drop"], (digest, token))
+        return cursor.rowcount == 1
+
+    # -- the contract -----------------------------------------------------
+
+    def _sleep_for(self, delay: float, hint: float, left: float) -> float:
+        # Jittered exponential backoff, but wake when the lease can expire.
+        return max(0.0, min(random.uniform(delay / 2, delay), hint + 0.001, left))
+
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        digest = self._digest(name)
+        token = secrets.token_hex(16)
+        identity = self._identity()
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        delay = MIN_BACKOFF
+        quick = 0
+        while True:
+            sent = time.monotonic()
+            fence, hint = self._call(
+                "acquire", self._attempt, name, digest, token, ttl, identity
+            )
+            if fence is not None:
+                return Lease(
+                    self.alias, name, token, fence, ttl, sent + ttl, state=digest
+                )
+            if not hint and quick < 3:
+                quick += 1  # the row was free or just created: go again now
+                continue
+            left = deadline - time.monotonic()
+            if timeout == 0 or left <= 0:
+                return None
+            time.sleep(self._sleep_for(delay, hint, left))
+            delay = min(delay * 2, self.max_backoff)
+
+    async def aacquire(
+        self, name: str, ttl: float, timeout: float | None
+    ) -> Lease | None:
+        """Poll from the event loop; each attempt runs in a worker thread."""
+        digest = self._digest(name)
+        token = secrets.token_hex(16)
+        identity = self._identity()  # the task's identity, not the worker's
+        attempt = sync_to_async(self._call, thread_sensitive=False)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        delay = MIN_BACKOFF
+        quick = 0
+        while True:
+            sent = time.monotonic()
+            fence, hint = await attempt(
+                "acquire", self._attempt, name, digest, token, ttl, identity
+            )
+            if fence is not None:
+                return Lease(
+                    self.alias, name, token, fence, ttl, sent + ttl, state=digest
+                )
+            if not hint and quick < 3:
+                quick += 1  # the row was free or just created: go again now
+                continue
+            left = deadline - time.monotonic()
+            if timeout == 0 or left <= 0:
+                return None
+            await asyncio.sleep(self._sleep_for(delay, hint, left))
+            delay = min(delay * 2, self.max_backoff)
+
+    def _lease_digest(self, lease: Lease) -> str:
+        return lease.state if isinstance(lease.state, str) else self._digest(lease.name)
+
+    def release(self, lease: Lease) -> bool:
+        return self._call(
+            "release", self._release_once, self._lease_digest(lease), lease.token
+        )
+
+    def extend(self, lease: Lease, ttl: float) -> bool:
+        sent = time.monotonic()
+        ok = self._call(
+            "extend", self._extend_once, self._lease_digest(lease), lease.token, ttl
+        )
+        if ok:
+            lease.deadline = sent + ttl
+        return ok
+
+    def is_held(self, lease: Lease) -> bool:
+        return self._call(
+            "check", self._is_held_once, self._lease_digest(lease), lease.token
+        )
+
+    async def arelease(self, lease: Lease) -> bool:
+        return await sync_to_async(self.release, thread_sensitive=False)(lease)
+
+    async def aextend(self, lease: Lease, ttl: float) -> bool:
+        return await sync_to_async(self.extend, thread_sensitive=False)(lease, ttl)
+
+    async def ais_held(self, lease: Lease) -> bool:
+        return await sync_to_async(self.is_held, thread_sensitive=False)(lease)
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        return await sync_to_async(self.renew, thread_sensitive=False)(list(leases))
+
+    # -- listing and clearing ---------------------------------------------
+
+    def _holder_rows(self, cursor: Any) -> list[tuple]:
+        cursor.execute(self._sql["holders"], (self.key_prefix,))
+        return list(cursor.fetchall())
+
+    def holders(self, prefix: str = "") -> Iterator[Holder]:
+        rows = self._call("list locks", self._holder_rows)
+        for name, token, host, pid, thread, acquired, expires, fence in rows:
+            name = decode_name(name)
+            if not name.startswith(prefix):
+                continue
+            yield Holder(
+                backend=self.alias,
+                name=name,
+                token=token,
+                host=host,
+                pid=pid,
+                thread=thread,
+                acquired_at=_utc(acquired),
+                expires_at=_utc(expires),
+                fencing_token=int(fence),
+            )
+
+    def force_release(self, name: str, token: str) -> bool:
+        return self._call("force-release", self._drop_once, self._digest(name), token)
+
+    def _clear_stale_once(self, cursor: Any) -> int:
+        sql = self._sql
+        cursor.execute(sql["ensure_floor"])
+
+        def clear(cur: Any) -> int:
+            # Lock the floor, then the rows to delete: creators wait on the
+            # floor, acquirers on their row, so nothing changes under us.
+            cur.execute(sql["floor_locked"])
+            cur.execute(sql["stale"], (self.key_prefix,))
+            rows = cur.fetchall()
+            if not rows:
+                return 0
+            top = max(int(fence) for _, fence, _ in rows)
+            cur.execute(sql["raise_floor"], (top, top))
+            ids = [row[0] for row in rows]
+            mark = "?" if self.dialect.vendor == "sqlite" else "%s"
+            for i in range(0, len(ids), DELETE_CHUNK):
+                chunk = ids[i : i + DELETE_CHUNK]
+                cur.execute(
+                    sql["delete"] + "(" + ", ".join([mark] * len(chunk)) + ")",
+                    chunk,
+                )
+            return sum(1 for _, _, expired in rows if expired)
+
+        return self._transaction(cursor, clear)
+
+    def clear_stale(self) -> int:
+        """Delete free and expired rows; return how many expired leases went.
+
+        The highest fence among them is kept in the floor row first, so the
+        fencing tokens of a name never go back when its row is re-created.
+        """
+        return self._call("clear stale locks", self._clear_stale_once)

@@ -1,0 +1,416 @@
+"""The database backend on SQLite, PostgreSQL and MariaDB/MySQL.
+
+Every class runs against real servers: PostgreSQL on 127.0.0.1:5432 (alias
+``postgres``), MariaDB on 127.0.0.1:3306 (alias ``mysql``) and the SQLite
+file of the ``default`` alias (when ``DISTLOCK_TEST_DB`` is ``sqlite``). A
+server that is not reachable skips locally and fails under ``CI=true``.
+Tests are transactional: worker processes and the backend's own
+connections only see committed rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from unittest import mock
+
+import pytest
+from django.core.checks import run_checks
+from django.db import connections, transaction
+from django.test import override_settings
+
+from django_distlock import LockLost, lock, locks
+from django_distlock.backends.database import (
+    DatabaseLockBackend,
+    decode_name,
+    encode_name,
+)
+from django_distlock.exceptions import LockBackendError
+from django_distlock.models import LockRecord
+from tests.testapp.models import Product
+
+from . import workers
+from .contract import LockBackendContract
+from .procs import run_in_processes
+
+BACKEND = "django_distlock.backends.database.DatabaseLockBackend"
+
+
+def db_locks(database: str, **extra) -> dict:
+    """A LOCKS setting whose default alias is the database backend on ``database``."""
+    return {"default": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": database}, **extra}}
+
+
+def _sqlite_default():
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("the default database is not SQLite (DISTLOCK_TEST_DB)")
+
+
+# -- the shared contract, once per database -----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+class TestSQLiteContract(LockBackendContract):
+    """The contract on SQLite: several processes share one database file."""
+
+    @pytest.fixture
+    def locks_setting(self):
+        _sqlite_default()
+        return db_locks("default")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+class TestPostgresContract(LockBackendContract):
+    """The contract on PostgreSQL."""
+
+    @pytest.fixture
+    def locks_setting(self, postgres_available):
+        return db_locks("postgres")
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
+class TestMySQLContract(LockBackendContract):
+    """The contract on MariaDB/MySQL."""
+
+    @pytest.fixture
+    def locks_setting(self, mysql_available):
+        return db_locks("mysql")
+
+
+# -- backend-specific tests, parametrized over the three databases ------------
+
+
+def _db_param(database: str, *marks):
+    databases = ["default"] if database == "default" else ["default", database]
+    return pytest.param(
+        database,
+        marks=[pytest.mark.django_db(transaction=True, databases=databases), *marks],
+        id={"default": "sqlite"}.get(database, database),
+    )
+
+
+ALL_DATABASES = [
+    _db_param("default"),
+    _db_param("postgres", pytest.mark.postgres),
+    _db_param("mysql", pytest.mark.mysql),
+]
+
+
+@pytest.fixture
+def database(request):
+    """The DATABASES alias under test, with LOCKS pointing the default at it."""
+    alias = request.param
+    if alias == "default":
+        _sqlite_default()
+    else:
+        request.getfixturevalue(f"{alias}_available")
+    with override_settings(LOCKS=db_locks(alias, TTL=5)):
+        yield alias
+    locks.reset()
+
+
+@pytest.fixture
+def name():
+    return f"db:{uuid.uuid4().hex[:10]} [%_*?]"
+
+
+def _backend() -> DatabaseLockBackend:
+    backend = locks["default"]
+    assert isinstance(backend, DatabaseLockBackend)
+    return backend
+
+
+def _record(database: str, name: str) -> LockRecord | None:
+    return (
+        LockRecord.objects.using(database)
+        .filter(digest=_backend()._digest(name))
+        .first()
+    )
+
+
+@pytest.mark.parametrize("database", ALL_DATABASES, indirect=True)
+class TestRows:
+    def test_row_keeps_fence_and_holder(self, database, name):
+        with lock(name) as held:
+            row = _record(database, name)
+            assert row is not None
+            assert row.token == held.lease.token
+            assert row.fence == held.fencing_token
+            assert row.pid is not None and row.host and row.thread
+            assert row.expires_at > row.acquired_at
+            fence = held.fencing_token
+        row = _record(database, name)
+        assert row.token is None
+        assert row.fence == fence  # kept after release
+
+    def test_racing_creators_one_winner(self, database, name):
+        barrier = threading.Barrier(6)
+        results: list = []
+
+        def race():
+            barrier.wait()
+            try:
+                held = lock(name, timeout=0, auto_renew=False)
+                results.append(held.acquire())
+            except Exception as e:  # noqa: BLE001 - reported below
+                results.append(e)
+
+        threads = [threading.Thread(target=race) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(results, key=str) == [False] * 5 + [True], results
+        assert LockRecord.objects.using(database).filter(name__contains=name[:13])
+
+    def test_clear_stale_deletes_rows_but_fences_go_on(self, database, name):
+        tokens = []
+        for _ in range(3):
+            with lock(name) as held:
+                tokens.append(held.fencing_token)
+        expired = lock(name + "-expired", ttl=0.3, auto_renew=False)
+        assert expired.acquire()
+        expired_token = expired.fencing_token
+        time.sleep(0.6)
+        with lock(name + "-live", ttl=30):
+            assert _backend().clear_stale() == 1
+            assert _record(database, name) is None
+            assert _record(database, name + "-expired") is None
+            assert _record(database, name + "-live") is not None
+        with lock(name) as again:
+            assert again.fencing_token > tokens[-1]
+        with lock(name + "-expired") as again:
+            assert again.fencing_token > expired_token
+        with pytest.raises(LockLost):
+            expired.release()
+
+    def test_caller_transaction_untouched(self, database, name):
+        conn = connections[database]
+        sku = uuid.uuid4().hex[:16]
+        with pytest.raises(ZeroDivisionError):
+            with transaction.atomic(using=database):
+                if conn.vendor != "sqlite":
+                    # SQLite has one writer: a write here would make the
+                    # lock's own connection wait (see docs/backends/database.md).
+                    Product.objects.using(database).create(sku=sku + "a")
+                with lock(name) as held:
+                    assert conn.in_atomic_block
+                    token = held.fencing_token
+                assert conn.in_atomic_block and not conn.needs_rollback
+                Product.objects.using(database).create(sku=sku + "b")
+                raise ZeroDivisionError
+        # The caller's writes were rolled back, the lock's were committed.
+        assert not Product.objects.using(database).filter(sku__startswith=sku)
+        assert _record(database, name).fence == token
+        with transaction.atomic(using=database):
+            with lock(name):
+                pass
+            Product.objects.using(database).create(sku=sku + "c")
+        assert Product.objects.using(database).filter(sku=sku + "c").exists()
+
+    def test_expiry_uses_the_database_clock(self, database, name):
+        # An app server whose clock is an hour off changes nothing.
+        real = time.time
+        with mock.patch("time.time", lambda: real() + 3600):
+            held = lock(name, ttl=30, auto_renew=False)
+            assert held.acquire()
+            assert lock(name, timeout=0).acquire() is False
+            assert held.locked()
+        (holder,) = [h for h in _backend().holders() if h.name == name]
+        now = datetime.now(timezone.utc)
+        assert now + timedelta(seconds=25) < holder.expires_at
+        assert holder.expires_at < now + timedelta(seconds=35)
+        held.release()
+
+    def test_names_of_any_kind(self, database):
+        base = f"odd:{uuid.uuid4().hex[:8]}:"
+        names = [
+            base + "nul\x00byte",
+            base + "surrogate\ud800x",
+            base + "back\\slash\\0",
+            base + "emoji 🔒 and ünïcode",
+            base + "percent % under _ star * " + "x" * 200_000,
+        ]
+        held = [lock(n, timeout=0) for n in names]
+        for h in held:
+            assert h.acquire()
+        try:
+            listed = sorted(h.name for h in _backend().holders(base))
+            assert listed == sorted(names)
+            assert [h.name for h in _backend().holders(base + "percent %")] == [
+                names[-1]
+            ]
+            assert list(_backend().holders(base + "percent _")) == []
+            for n in names:
+                assert lock(n, timeout=0).acquire() is False
+        finally:
+            for h in held:
+                h.release()
+
+    def test_key_prefix_separates_aliases(self, database, name):
+        setting = {
+            "default": db_locks(database)["default"],
+            "other": {**db_locks(database)["default"], "KEY_PREFIX": "other"},
+        }
+        with override_settings(LOCKS=setting):
+            with lock(name) as a, lock(name, using="other") as b:
+                assert a.locked() and b.locked()
+                assert [h.name for h in locks["other"].holders(name)] == [name]
+                assert [h.backend for h in locks["default"].holders(name)] == [
+                    "default"
+                ]
+        locks.reset()
+
+    def test_async_holder_identity_is_the_task(self, database, name):
+        import asyncio
+
+        from asgiref.sync import sync_to_async
+
+        def threads():
+            return [h.thread for h in _backend().holders(name)]
+
+        async def scenario():
+            async with lock(name):
+                return await sync_to_async(threads)()
+
+        (thread,) = asyncio.run(scenario())
+        assert "/" in thread  # thread/task
+
+    def test_counter_in_four_processes(self, database, name, tmp_path):
+        counter = tmp_path / "counter"
+        counter.write_text("0")
+        results = run_in_processes(
+            workers.counter_worker,
+            [(name, str(counter), 20, 5.0) for _ in range(4)],
+        )
+        intervals = sorted(iv for r in results for iv in r)
+        assert int(counter.read_text()) == 80
+        assert len({pid for _, _, pid in intervals}) == 4
+        assert all(b[0] >= a[1] for a, b in zip(intervals, intervals[1:]))
+
+
+# -- zero configuration -------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_zero_configuration(settings, name):
+    del settings.LOCKS
+    backend = locks["default"]
+    assert isinstance(backend, DatabaseLockBackend)
+    assert backend.database == "default"
+    with lock(name) as held:
+        assert held.locked()
+        assert lock(name, timeout=0).acquire() is False
+    assert not [e for e in run_checks() if e.id.startswith("distlock.")]
+
+
+# -- PostgreSQL: a killed connection ------------------------------------------
+
+
+def _terminate(pid: int) -> None:
+    with connections["postgres"].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        assert cursor.fetchone()[0] is True
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+class TestPostgresKilledConnection:
+    @pytest.fixture(autouse=True)
+    def _pg(self, postgres_available):
+        with override_settings(LOCKS=db_locks("postgres")):
+            yield
+        locks.reset()
+
+    def _lock_connection_pid(self) -> int:
+        return _backend()._connection().wrapper.connection.info.backend_pid
+
+    def test_holder_keeps_lease_and_lock_frees_after_ttl(self, name):
+        # Long enough to outlast spawning a worker process on a busy machine.
+        held = lock(name, ttl=6, auto_renew=False)
+        assert held.acquire()
+        mine = held.fencing_token
+        _terminate(self._lock_connection_pid())
+        # Nothing is lost: the row is committed, the next call reconnects.
+        assert held.locked()
+        held.extend(6)
+        extended = time.monotonic()
+        (other,) = run_in_processes(workers.try_acquire, [(name, 0.3)])
+        assert other is None
+        _terminate(self._lock_connection_pid())
+        # No renewal now: once the ttl runs out another process takes over.
+        (other,) = run_in_processes(workers.try_acquire, [(name, 30.0)])
+        assert other is not None and other > mine
+        assert time.monotonic() - extended >= 5.0
+        with pytest.raises(LockLost):
+            held.release()
+
+    def test_release_after_kill(self, name):
+        held = lock(name, ttl=30)
+        assert held.acquire()
+        _terminate(self._lock_connection_pid())
+        held.release()
+        assert lock(name, timeout=0).acquire()
+
+    def test_server_unreachable(self, name):
+        unreachable = {**connections["postgres"].settings_dict, "PORT": "1"}
+        with mock.patch.dict(connections["postgres"].settings_dict, unreachable):
+            with override_settings(LOCKS=db_locks("postgres")):
+                with pytest.raises(LockBackendError):
+                    lock(name).acquire()
+        locks.reset()
+
+
+# -- checks ---------------------------------------------------------------------
+
+
+def _ids(locks_setting: dict) -> list[str]:
+    return [m.id for m in DatabaseLockBackend.check("default", locks_setting)]
+
+
+def test_check_unknown_database():
+    assert _ids({"OPTIONS": {"DATABASE": "nope"}}) == ["distlock.E012"]
+    assert _ids({"OPTIONS": {"DATABASE": 3}}) == ["distlock.E012"]
+
+
+def test_check_options():
+    assert _ids({"OPTIONS": {"DATABASE": "default", "WAT": 1}}) == ["distlock.E009"]
+    assert _ids({"OPTIONS": {"MAX_BACKOFF": 0}}) == ["distlock.E009"]
+    assert _ids({"OPTIONS": {"DATABASE": "postgres", "MAX_BACKOFF": 0.01}}) == []
+
+
+def test_check_sqlite_atomic_requests():
+    from django.conf import settings
+
+    _sqlite_default()
+    with mock.patch.dict(settings.DATABASES["default"], {"ATOMIC_REQUESTS": True}):
+        assert _ids({}) == ["distlock.W003"]
+
+
+def test_system_check_reports_bad_database():
+    with override_settings(LOCKS=db_locks("missing")):
+        assert "distlock.E012" in [m.id for m in run_checks()]
+
+
+# -- pure logic -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["plain", "", "\\", "\\0", "\x00", "a\ud800b\udfff", "\\u0041", "x\\\x00\\"],
+)
+def test_name_escaping_round_trips(name):
+    stored = encode_name(name)
+    assert "\x00" not in stored
+    stored.encode("utf-8")  # storable by every driver
+    assert decode_name(stored) == name
+
+
+def test_name_escaping_keeps_prefixes():
+    name = "a\\b\x00c\ud800d"
+    for i in range(len(name) + 1):
+        assert encode_name(name).startswith(encode_name(name[:i]))
