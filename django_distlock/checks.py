@@ -19,8 +19,10 @@ distlock.E010  ``OPTIONS["CACHE"]`` names no django-redis cache.
 distlock.E011  Redlock with fewer than 3 nodes.
 distlock.E012  ``OPTIONS["DATABASE"]`` names no ``DATABASES`` alias.
 distlock.E013  Unknown top-level key in a ``LOCKS`` entry.
+distlock.E014  ``OPTIONS["DATABASE"]`` is a database the DB backend cannot use.
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
+distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.
 =============  ==============================================================
 """
 
