@@ -510,6 +510,34 @@ def test_plain_backend_nesting_times_out_with_a_hint(reentrant, name):
         assert "Reentrant" not in in_thread(contended)  # another thread: no hint
 
 
+def test_hint_for_async_and_locmem_nesting(redis_url, name):
+    setting = reentrant_locks(redis_url)
+    setting["locmem"] = {"BACKEND": "django_distlock.backends.locmem.LocMemLockBackend"}
+    with override_settings(LOCKS=setting):
+        with lock(name, using="locmem"):
+            with pytest.raises(LockNotAcquired, match="ReentrantRedisLockBackend"):
+                with lock(name, using="locmem", timeout=0.1):
+                    pass  # pragma: no cover
+
+        async def scenario():
+            async with lock(name, using="plain"):
+                with pytest.raises(LockNotAcquired, match="Reentrant"):
+                    async with lock(name, using="plain", timeout=0.1):
+                        pass  # pragma: no cover
+
+                async def other_task():
+                    try:
+                        async with lock(name, using="plain", timeout=0.1):
+                            pass  # pragma: no cover
+                    except LockNotAcquired as e:
+                        return str(e)
+
+                assert "Reentrant" not in await asyncio.create_task(other_task())
+
+        asyncio.run(scenario())
+    locks.reset()
+
+
 def test_plain_and_reentrant_aliases_share_names(reentrant, name):
     # A reentrant waiter handed the lease by the plain release script adopts it.
     plain = lock(name, using="plain")
@@ -556,6 +584,59 @@ def test_holders_list_a_nested_lock_once(reentrant, name):
         assert h.fencing_token == outer.fencing_token
         assert threading.current_thread().name in h.thread
     assert [h for h in reentrant.holders() if h.name == name] == []
+
+
+def test_waiter_that_gives_up_keeps_a_plain_handoff_and_can_nest(reentrant, name):
+    # Drive the acquire steps by hand: queued, then the wait times out just
+    # as the plain backend's release hands the lease over.
+    plain = lock(name, using="plain")
+    plain.acquire()
+    steps = reentrant._acquire_steps(name, 5, 0.05)
+    command = steps.send(None)
+    assert command[1].name == "redis_reentrant_acquire.lua"
+    reply = reentrant._execute(command)
+    assert reply[0] == 0  # busy: queued
+    plain.release()  # handed to the queued waiter (plain message, no owner)
+    time.sleep(0.1)  # past the waiter's deadline
+    command = steps.send(reply)
+    assert command[1].name == "redis_cancel.lua"
+    command = steps.send(reentrant._execute(command))
+    assert command[1].name == "redis_reentrant_adopt.lua"
+    try:
+        steps.send(reentrant._execute(command))
+    except StopIteration as stop:
+        lease = stop.value
+    assert isinstance(lease, ReentrantLease)
+    nested = reentrant.acquire(name, 5, 0)
+    assert nested is not None and nested.token == lease.token
+    assert not in_thread(try_once, name)
+    assert reentrant.release(nested) and reentrant.release(lease)
+    assert in_thread(try_once, name)
+
+
+def test_forgotten_holds_are_swept(reentrant, name, monkeypatch):
+    monkeypatch.setattr(redis_reentrant, "MAX_HOLDS", 4)
+    for i in range(10):
+        reentrant.acquire(f"{name}:{i}", 5, 0)  # dropped without a release
+    assert len(reentrant._holds) <= 4
+    kept = reentrant.acquire(name, 5, 0)
+    for i in range(10):
+        reentrant.acquire(f"{name}:more:{i}", 5, 0)
+    assert reentrant._holds[(name, kept.token)] is kept.hold
+    assert reentrant.release(kept)
+    assert (name, kept.token) not in reentrant._holds
+
+
+def test_async_nested_auto_renewal(reentrant, name):
+    async def scenario():
+        async with lock(name, ttl=0.6) as outer:
+            async with lock(name, ttl=0.6, timeout=0) as inner:
+                await asyncio.sleep(2.0)
+                assert await inner.alocked() and await outer.alocked()
+                assert inner.lease.hold is outer.lease.hold
+
+    asyncio.run(scenario())
+    assert in_thread(try_once, name)
 
 
 def test_leases_are_reentrant_leases(reentrant, name):

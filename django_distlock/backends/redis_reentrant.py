@@ -50,6 +50,9 @@ R_RELEASE = load_script("redis_reentrant_release.lua")
 R_EXTEND = load_script("redis_reentrant_extend.lua")
 R_ADOPT = load_script("redis_reentrant_adopt.lua")
 
+#: Holds remembered per backend before dropped ones are swept out.
+MAX_HOLDS = 1024
+
 # -- owner identity ----------------------------------------------------------
 
 # A random id per process (new in a forked child) plus a per-process counter
@@ -170,8 +173,9 @@ class ReentrantRedisLockBackend(RedisLockBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
-        # (name, token) -> the hold of this process's owner of that lease.
-        self._holds: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        # (name, token) -> the hold of this process's owner of that lease;
+        # removed at the last release (a plain dict: this is the hot path).
+        self._holds: dict[tuple[str, str], _Hold] = {}
 
     # -- the algorithm, as command generators -----------------------------
 
@@ -180,6 +184,8 @@ class ReentrantRedisLockBackend(RedisLockBackend):
     ) -> ReentrantLease:
         hold = self._holds.get((name, token))
         if hold is None or hold.owner != owner or hold.gone:
+            if len(self._holds) >= MAX_HOLDS:
+                self._sweep_holds()
             hold = self._holds[(name, token)] = _Hold(name, token, owner, deadline)
         lease = ReentrantLease(
             alias=self.alias,
@@ -194,6 +200,18 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         hold.add(lease)
         hold.set_deadline(deadline)
         return lease
+
+    def _sweep_holds(self) -> None:
+        # Forget holds whose levels were all dropped without a release (their
+        # leases expire on the server by themselves).
+        for key, hold in self._holds.copy().items():
+            if hold.gone or not hold.leases():
+                self._holds.pop(key, None)
+
+    def _forget(self, hold: _Hold) -> None:
+        hold.gone = True
+        if self._holds.get((hold.name, hold.token)) is hold:
+            self._holds.pop((hold.name, hold.token), None)
 
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
@@ -261,7 +279,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             [lease.token, keys.wake_prefix, lease.owner],
         )
         if code != 3:
-            lease.hold.gone = True
+            self._forget(lease.hold)
         return code != 0
 
     def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:
@@ -276,7 +294,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             [lease.token, _ms(ttl), 0],
         )
         if not left:
-            lease.hold.gone = True
+            self._forget(lease.hold)
             return False
         lease.hold.set_deadline(sent + ttl)
         return True
@@ -354,7 +372,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
                 hold.set_deadline(sent + int(reply) / 1000)
                 ok = True
             else:
-                hold.gone = True
+                self._forget(hold)
                 ok = False
             for i in indices:
                 results[i] = ok
