@@ -13,8 +13,10 @@ from django.test import override_settings
 from django_distlock import LockBackendError, LockLost, backends, lock, locks
 from django_distlock.backends.redis import RELEASE
 
+from . import workers
 from .conftest import redis_locks
 from .contract import LockBackendContract
+from .procs import start_process
 from .servers import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
@@ -240,3 +242,57 @@ class TestLayout:
             while client.keys("*") and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert client.keys("*") == []
+
+
+class TestWaiters:
+    """Queued waiters that go away never keep the lock."""
+
+    def test_interrupted_waiter_leaves_the_queue(self, redis_url, redis_server):
+        with override_settings(LOCKS=_settings(redis_url)):
+            backend = locks["default"]
+            holder = lock("x")
+            holder.acquire()
+            original = backend._execute
+
+            def interrupt_blpop(command):
+                if command[0] == "blpop":
+                    raise KeyboardInterrupt
+                return original(command)
+
+            backend._execute = interrupt_blpop
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    lock("x", timeout=10).acquire()
+            finally:
+                del backend._execute
+            client = redis_server.client()
+            assert sorted(client.keys("*")) == [holder_key(backend, "x")]
+            holder.release()
+            assert lock("x", timeout=0).acquire()
+
+    def test_killed_waiter_process_delays_others_at_most_its_ttl(
+        self, redis_url, redis_server
+    ):
+        with override_settings(LOCKS=_settings(redis_url)):
+            backend = locks["default"]
+            holder = lock("x")
+            holder.acquire()
+            queue = backend.keys_for("x").queue
+            client = redis_server.client()
+            proc = start_process(workers.try_acquire, "x", 60.0, 1.0)
+            try:
+                deadline = time.monotonic() + 60
+                while not client.llen(queue) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert client.llen(queue) == 1, "the worker never queued"
+            finally:
+                proc.kill()
+                proc.join(10)
+            holder.release()  # may hand the lease to the dead waiter (ttl 1 s)
+            started = time.monotonic()
+            with lock("x", timeout=10):
+                assert time.monotonic() - started < 5
+
+
+def holder_key(backend, name) -> bytes:
+    return backend.keys_for(name).lease.encode()

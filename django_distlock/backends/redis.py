@@ -358,19 +358,63 @@ class RedisLockBackend(BaseLockBackend):
 
     def _run(self, steps: Generator[Command, Any, Any]) -> Any:
         result = None
+        while True:
+            try:
+                command = steps.send(result)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result = self._execute(command)
+            except BaseException as exc:
+                self._unwind(steps, exc)
+                raise
+
+    def _unwind(self, steps: Generator[Command, Any, Any], exc: BaseException) -> None:
+        """Let the algorithm clean up after ``exc`` (best effort), e.g. a waiter
+        interrupted while queued leaves the queue, so the lock is never handed
+        to a caller that is gone. Backend errors get no clean-up round trip: a
+        dead or paused server must fail fast, and queue records expire anyway.
+        """
+        if isinstance(exc, LockBackendError):
+            steps.close()
+            return
         try:
+            command = steps.throw(exc)
             while True:
-                result = self._execute(steps.send(result))
-        except StopIteration as stop:
-            return stop.value
+                command = steps.send(self._execute(command))
+        except BaseException:  # noqa: S110 - the original exception is raised
+            pass
+        finally:
+            steps.close()
 
     async def _arun(self, steps: Generator[Command, Any, Any]) -> Any:
         result = None
+        while True:
+            try:
+                command = steps.send(result)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result = await self._aexecute(command)
+            except BaseException as exc:
+                await self._aunwind(steps, exc)
+                raise
+
+    async def _aunwind(
+        self, steps: Generator[Command, Any, Any], exc: BaseException
+    ) -> None:
+        """Async twin of :meth:`_unwind` (runs after a task's cancellation too)."""
+        if isinstance(exc, LockBackendError):
+            steps.close()
+            return
         try:
+            command = steps.throw(exc)
             while True:
-                result = await self._aexecute(steps.send(result))
-        except StopIteration as stop:
-            return stop.value
+                command = steps.send(await self._aexecute(command))
+        except BaseException:  # noqa: S110 - the original exception is raised
+            pass
+        finally:
+            steps.close()
 
     # -- the algorithm, as command generators -----------------------------
 
@@ -403,7 +447,41 @@ class RedisLockBackend(BaseLockBackend):
         sent = start
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
-        wake = keys.wake_prefix + token
+        if not acquired:
+            wake = keys.wake_prefix + token
+            try:
+                acquired, value, sent = yield from self._wait_steps(
+                    keys, args, token, wake, value, sent, deadline, blocking
+                )
+            except BaseException:
+                # Interrupted (cancelled task, KeyboardInterrupt...) while
+                # queued: leave the queue, give back a lease handed over.
+                if blocking:
+                    got, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+                    if got:
+                        yield (
+                            "eval",
+                            RELEASE,
+                            keys.triple,
+                            [token, keys.wake_prefix],
+                        )
+                raise
+        if not acquired:
+            return None
+        return Lease(
+            alias=self.alias,
+            name=name,
+            token=token,
+            fencing_token=int(value),
+            ttl=ttl,
+            deadline=sent + ttl,
+        )
+
+    def _wait_steps(
+        self, keys, args, token, wake, value, sent, deadline, blocking
+    ) -> Generator[Command, Any, tuple[Any, Any, float]]:
+        """Wait for a busy lock: the loop of :meth:`_acquire_steps`."""
+        acquired = 0
         while not acquired:
             now = time.monotonic()
             if now >= deadline or not blocking:
@@ -428,16 +506,7 @@ class RedisLockBackend(BaseLockBackend):
             slice_len = min(self.max_wait_slice, deadline - sent)
             live_ms = _ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
             acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
-        if not acquired:
-            return None
-        return Lease(
-            alias=self.alias,
-            name=name,
-            token=token,
-            fencing_token=int(value),
-            ttl=ttl,
-            deadline=sent + ttl,
-        )
+        return acquired, value, sent
 
     def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
         keys = self.keys_for(lease.name)
