@@ -122,11 +122,14 @@ class Prober:
         self.proc.join(30)
 
 
-def hold_nested(name: str, depth: int, pause: float, ready: str, log: str) -> int:
+def hold_nested(
+    name: str, depth: int, pause: float, ready: str, go: str, log: str
+) -> int:
     """Take ``name`` ``depth`` times, then release one level per ``pause``.
 
-    Write the fencing token to ``ready`` once held, and to ``log`` the
-    monotonic instant just before the last release. Return the token.
+    Write the fencing token to ``ready`` once held, start releasing when
+    ``go`` exists, and write to ``log`` the monotonic instant just before
+    the last release. Return the token.
     """
     handles = [lock(name, timeout=30, ttl=10) for _ in range(depth)]
     for h in handles:
@@ -134,6 +137,9 @@ def hold_nested(name: str, depth: int, pause: float, ready: str, log: str) -> in
     tokens = {h.fencing_token for h in handles}
     assert len(tokens) == 1
     Path(ready).write_text(str(handles[0].fencing_token))
+    deadline = time.monotonic() + 60
+    while not Path(go).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     for h in reversed(handles[1:]):
         time.sleep(pause)
         h.release()
@@ -257,11 +263,11 @@ def test_fencing_token_constant_while_nested_then_increases(reentrant, name):
 def test_ttl_refreshed_on_reentry_never_shortened(reentrant, name):
     key = reentrant.keys_for(name).lease
     with lock(name, ttl=1, auto_renew=False):
-        time.sleep(0.3)
-        with lock(name, ttl=1, auto_renew=False, timeout=0):
-            assert reentrant.client.pttl(key) > 800  # refreshed to the full ttl
+        with lock(name, ttl=30, auto_renew=False, timeout=0) as inner:
+            assert reentrant.client.pttl(key) > 1000  # pushed out to 30 s
+            assert inner.lease.remaining() > 1
             with lock(name, ttl=0.2, auto_renew=False, timeout=0):
-                assert reentrant.client.pttl(key) > 500  # not cut to 0.2 s
+                assert reentrant.client.pttl(key) > 1000  # not cut to 0.2 s
 
 
 # -- owners: threads and tasks -----------------------------------------------
@@ -429,8 +435,8 @@ def test_watchdog_loss_reaches_every_level(reentrant, name):
 
 
 def test_process_admitted_only_after_the_last_level(reentrant, name, tmp_path):
-    ready, log = tmp_path / "ready", tmp_path / "log"
-    proc = start_process(hold_nested, name, 3, 0.2, str(ready), str(log))
+    ready, go, log = tmp_path / "ready", tmp_path / "go", tmp_path / "log"
+    proc = start_process(hold_nested, name, 3, 0.2, str(ready), str(go), str(log))
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:
@@ -438,6 +444,7 @@ def test_process_admitted_only_after_the_last_level(reentrant, name, tmp_path):
         assert ready.exists(), "the worker never took the lock"
         theirs = int(ready.read_text())
         assert not try_once(name)
+        go.touch()
         with lock(name, timeout=30) as mine:
             got_at = time.monotonic()
             assert mine.fencing_token > theirs
@@ -559,11 +566,12 @@ def test_plain_and_reentrant_aliases_share_names(reentrant, name):
     mine = lock(name)
     mine.acquire()
     got: list = []
+    done = threading.Event()
 
     def plain_waiter():
         with lock(name, using="plain", timeout=10):
             got.append(True)
-            time.sleep(0.5)
+            done.wait(30)
 
     t = threading.Thread(target=plain_waiter)
     t.start()
@@ -574,6 +582,7 @@ def test_plain_and_reentrant_aliases_share_names(reentrant, name):
         time.sleep(0.01)
     assert got
     assert lock(name, timeout=0).acquire() is False
+    done.set()
     t.join(30)
 
 
