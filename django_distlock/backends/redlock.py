@@ -412,26 +412,29 @@ class RedlockBackend(BaseLockBackend):
 
     # -- the synchronous executor ------------------------------------------
 
-    def _targets(self, step: Fanout) -> list[int]:
+    def _targets(self, step: Fanout) -> tuple[list, list[int]]:
+        """Return (results preset for skipped nodes, nodes to ask)."""
         now = time.monotonic()
         nodes = range(len(self.nodes)) if step.nodes is None else step.nodes
-        return [
-            i
-            for i in nodes
-            if self.nodes[i].down_until <= now
-            and not (step.skip_quarantined and self.nodes[i].quarantine_until > now)
-        ]
+        results: list = [_Failed("not asked")] * len(self.nodes)
+        targets = []
+        for i in nodes:
+            node = self.nodes[i]
+            if node.down_until > now:
+                results[i] = _Failed(f"skipped after: {node.last_error}")
+            elif step.skip_quarantined and node.quarantine_until > now:
+                results[i] = _Failed("restarted recently (RESTART_DELAY)")
+            else:
+                targets.append(i)
+        return results, targets
 
     def _fanout(self, step: Fanout) -> list:
         import redis
 
-        n_cmds = len(step.commands)
-        results: list = [
-            _Failed(f"skipped after: {node.last_error}") for node in self.nodes
-        ]
+        results, targets = self._targets(step)
         sent: dict[int, tuple[int, Any, int]] = {}  # fd -> (node, conn, prelude)
         packed = None
-        for i in self._targets(step):
+        for i in targets:
             conn = self._conn(i)
             try:
                 prelude = 0
@@ -461,13 +464,21 @@ class RedlockBackend(BaseLockBackend):
             for fd, _event in poller.poll(remaining * 1000):
                 i, conn, prelude = sent.pop(fd)
                 poller.unregister(fd)
-                results[i] = self._read(i, conn, prelude, n_cmds)
+                results[i] = self._read(i, conn, prelude, step)
         for i, conn, _prelude_n in sent.values():
             results[i] = _Failed("timed out")
             self._drop(i, conn, True)
         return results
 
-    def _read(self, i: int, conn, prelude: int, n_cmds: int):
+    @staticmethod
+    def _unless_quarantined(node: _Node, step: Fanout, replies: list):
+        # The restart may have been noticed by this very step (the INFO went
+        # out with the command): its vote must not count either.
+        if step.skip_quarantined and node.quarantine_until > time.monotonic():
+            return _Failed("restarted recently (RESTART_DELAY)")
+        return replies
+
+    def _read(self, i: int, conn, prelude: int, step: Fanout):
         import redis
 
         node = self.nodes[i]
@@ -478,7 +489,7 @@ class RedlockBackend(BaseLockBackend):
                     conn.read_response()
             replies = []
             failed = None
-            for _ in range(n_cmds):
+            for _ in range(len(step.commands)):
                 try:
                     replies.append(conn.read_response())
                 except redis.exceptions.ResponseError as e:
@@ -489,7 +500,7 @@ class RedlockBackend(BaseLockBackend):
                 if isinstance(failed, redis.exceptions.NoScriptError):
                     conn.disconnect()  # reconnecting reloads the scripts
                 return _Failed(failed)
-            return replies
+            return self._unless_quarantined(node, step, replies)
         except (redis.exceptions.RedisError, OSError) as e:
             self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
             return _Failed(e)
@@ -564,14 +575,11 @@ class RedlockBackend(BaseLockBackend):
     async def _afanout(self, step: Fanout) -> list:
         import redis
 
-        n_cmds = len(step.commands)
-        results: list = [
-            _Failed(f"skipped after: {node.last_error}") for node in self.nodes
-        ]
+        results, targets = self._targets(step)
         sent = []
         packed = None
         try:
-            for i in self._targets(step):
+            for i in targets:
                 conn = self._aconn(i)
                 try:
                     prelude = 0
@@ -595,7 +603,7 @@ class RedlockBackend(BaseLockBackend):
                 i, conn, prelude = sent[0]
                 try:
                     async with asyncio.timeout_at(deadline):
-                        results[i] = await self._aread(i, conn, prelude, n_cmds)
+                        results[i] = await self._aread(i, conn, prelude, step)
                 except TimeoutError:
                     results[i] = _Failed("timed out")
                     await self._adrop(i, conn, True)
@@ -611,7 +619,7 @@ class RedlockBackend(BaseLockBackend):
             raise
         return results
 
-    async def _aread(self, i: int, conn, prelude: int, n_cmds: int):
+    async def _aread(self, i: int, conn, prelude: int, step: Fanout):
         import redis
 
         node = self.nodes[i]
@@ -624,7 +632,7 @@ class RedlockBackend(BaseLockBackend):
                     await conn.read_response(timeout=math.inf)
             replies = []
             failed = None
-            for _ in range(n_cmds):
+            for _ in range(len(step.commands)):
                 try:
                     replies.append(await conn.read_response(timeout=math.inf))
                 except redis.exceptions.ResponseError as e:
@@ -634,7 +642,7 @@ class RedlockBackend(BaseLockBackend):
                 if isinstance(failed, redis.exceptions.NoScriptError):
                     await conn.disconnect()
                 return _Failed(failed)
-            return replies
+            return self._unless_quarantined(node, step, replies)
         except (redis.exceptions.RedisError, OSError) as e:
             await self._adrop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
             return _Failed(e)

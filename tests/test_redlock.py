@@ -1,0 +1,561 @@
+"""Redlock backend: real redis-server processes, started, killed and paused here.
+
+Every cross-process property is checked with spawned worker processes
+(:mod:`tests.procs`); the workers are the module-level ``_worker_*``
+functions below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.core.checks import Error, Warning
+from django.test import override_settings
+
+from django_distlock import LockBackendError, LockLost, LockNotAcquired, lock, locks
+from django_distlock.backends.redlock import (
+    RedlockBackend,
+    pack_meta,
+    unpack_meta,
+)
+from django_distlock.checks import check_locks_setting
+
+from .contract import LockBackendContract
+from .procs import start_process
+from .servers import RedisServer
+
+BACKEND = "django_distlock.backends.redlock.RedlockBackend"
+
+
+def redlock_locks(servers, **options) -> dict:
+    """A LOCKS setting whose default alias is Redlock over ``servers``."""
+    return {
+        "default": {
+            "BACKEND": BACKEND,
+            "LOCATION": [s.url for s in servers],
+            # The tests restart nodes on purpose; the restart quarantine has
+            # tests of its own.
+            "OPTIONS": {"RESTART_DELAY": 0, **options},
+        }
+    }
+
+
+def backend_for(servers, ttl: float = 30, **options) -> RedlockBackend:
+    params = redlock_locks(servers, **options)["default"]
+    params["TTL"] = ttl
+    return RedlockBackend("redlock", params)
+
+
+@pytest.fixture
+def nodes():
+    """Five fresh redis-server processes of this test alone."""
+    servers = [RedisServer().start() for _ in range(5)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_nodes():
+    servers = [RedisServer().start() for _ in range(5)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+# -- the shared contract ---------------------------------------------------
+
+
+class TestRedlockContract(LockBackendContract):
+    """The backend contract, on 5 nodes."""
+
+    @pytest.fixture
+    def locks_setting(self, shared_nodes):
+        for server in shared_nodes:
+            server.client().flushall()
+        return redlock_locks(shared_nodes)
+
+
+# -- the algorithm on healthy nodes ---------------------------------------
+
+
+def test_acquire_sets_the_lease_on_every_node_and_release_clears_it(nodes):
+    backend = backend_for(nodes)
+    lease = backend.acquire("a", 5, 0)
+    assert lease is not None
+    key = backend.keys_for("a")[0]
+    for server in nodes:
+        assert server.client().hget(key, "t") == lease.token.encode()
+        assert int(server.client().hget(key, "f")) == lease.fencing_token
+    assert backend.acquire("a", 5, 0) is None  # contention: None, not an error
+    assert backend.release(lease) is True
+    for server in nodes:
+        assert not server.client().exists(key)
+    assert backend.release(lease) is False
+
+
+def test_validity_accounts_for_drift(nodes):
+    backend = backend_for(nodes)
+    before = time.monotonic()
+    lease = backend.acquire("v", 10, 0)
+    # deadline = start + ttl - (0.01 * ttl + 2 ms), measured from before sending
+    assert lease.deadline <= before + 10 - 0.1 - 0.002 + 1
+    assert lease.deadline <= time.monotonic() + 10 - 0.102
+    backend.release(lease)
+
+
+def test_partial_acquisition_is_undone_everywhere(nodes):
+    backend = backend_for(nodes)
+    key = backend.keys_for("p")[0]
+    # Someone else holds the lock on 3 nodes: we can get only 2.
+    for server in nodes[:3]:
+        server.client().hset(key, mapping={"t": "other", "f": 1})
+        server.client().pexpire(key, 10_000)
+    assert backend.acquire("p", 5, 0) is None
+    for server in nodes[3:]:
+        assert not server.client().exists(key)  # our 2 grants were undone
+
+
+def test_holders_need_a_quorum_and_force_release(nodes):
+    backend = backend_for(nodes)
+    name = "listed \n*?[ ünïcode"
+    lease = backend.acquire(name, 5, 0)
+    [holder] = list(backend.holders())
+    assert holder.name == name
+    assert holder.token == lease.token
+    assert holder.fencing_token == lease.fencing_token
+    assert holder.pid == os.getpid()
+    assert holder.expires_at is not None
+    assert [h.token for h in backend.holders(prefix="listed \n*")] == [lease.token]
+    assert list(backend.holders(prefix="listed *")) == []
+    # A lease on a minority of nodes is not a holder.
+    key = backend.keys_for("minority")[0]
+    for server in nodes[:2]:
+        server.client().hset(
+            key, mapping={"t": "x", "f": 1, "m": pack_meta("m", "h", 1, "t", 0)}
+        )
+        server.client().pexpire(key, 10_000)
+    assert [h.name for h in backend.holders()] == [name]
+    assert backend.force_release(name, "not-the-token") is False
+    assert backend.force_release(name, lease.token) is True
+    assert list(backend.holders()) == []
+    # The evicted holder learns it at its next renewal.
+    assert backend.renew([lease]) == [False]
+
+
+def test_meta_round_trips_any_name():
+    for name in ["", "x", "a\nb", "\x00\ud800", "ü" * 1000]:
+        assert unpack_meta(pack_meta(name, "host", 12, "T/t\n", 1.5)) == (
+            name,
+            "host",
+            12,
+            "T/t\n",
+            1.5,
+        )
+
+
+def test_renew_batches_and_reports_lost(nodes):
+    backend = backend_for(nodes)
+    leases = [backend.acquire(f"r{i}", 1, 0) for i in range(3)]
+    old = [le.deadline for le in leases]
+    time.sleep(0.05)
+    # One of them is taken away on a majority of the nodes.
+    key = backend.keys_for("r1")[0]
+    for server in nodes[:3]:
+        server.client().delete(key)
+    assert backend.renew(leases) == [True, False, True]
+    assert leases[0].deadline > old[0] and leases[2].deadline > old[2]
+
+
+def test_extend_needs_a_quorum(nodes):
+    backend = backend_for(nodes)
+    lease = backend.acquire("e", 1, 0)
+    assert backend.extend(lease, 5) is True
+    for server in nodes:
+        assert server.client().pttl(backend.keys_for("e")[0]) > 2000
+    for server in nodes[:3]:
+        server.client().delete(backend.keys_for("e")[0])
+    assert backend.extend(lease, 5) is False
+
+
+def test_release_wakes_a_waiter_promptly(nodes):
+    """A waiter blocks on a wake list; a release is noticed well before the TTL."""
+    backend = backend_for(nodes)
+    gaps = []
+    for _ in range(5):
+        lease = backend.acquire("w", 30, 0)
+        got = []
+
+        def wait(got=got):
+            got.append((backend.acquire("w", 30, 10), time.monotonic()))
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.15)  # the waiter is blocked now
+        released = time.monotonic()
+        backend.release(lease)
+        waiter.join(15)
+        assert got and got[0][0] is not None
+        gaps.append(got[0][1] - released)
+        backend.release(got[0][0])
+    gaps.sort()
+    # Without the wake-up it would take the 1 s wait slice at best; generous
+    # bound for a loaded machine.
+    assert gaps[len(gaps) // 2] < 0.5, gaps
+
+
+def test_a_releaser_that_loops_does_not_starve_a_waiter(nodes):
+    backend = backend_for(nodes)
+    stop = threading.Event()
+    got = []
+
+    def waiter():
+        lease = backend.acquire("fair", 30, 20)
+        got.append(lease)
+        if lease is not None:
+            backend.release(lease)
+
+    lease = backend.acquire("fair", 30, 0)
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.1)
+    deadline = time.monotonic() + 15
+    while thread.is_alive() and time.monotonic() < deadline and not stop.is_set():
+        backend.release(lease)
+        lease = backend.acquire("fair", 30, 5)  # re-take at once, in a loop
+        assert lease is not None
+    thread.join(10)
+    backend.release(lease)
+    assert got and got[0] is not None
+
+
+def test_async_api(nodes):
+    async def main():
+        with override_settings(LOCKS=redlock_locks(nodes)):
+            async with lock("async", timeout=0) as held:
+                assert isinstance(held.fencing_token, int)
+                assert await held.alocked()
+                assert not await lock("async", timeout=0).aacquire()
+                await held.aextend(10)
+            # Tasks contending: strictly one at a time.
+            inside = 0
+            peak = 0
+
+            async def task():
+                nonlocal inside, peak
+                async with lock("async-c", timeout=20, ttl=5):
+                    inside += 1
+                    peak = max(peak, inside)
+                    await asyncio.sleep(0.005)
+                    inside -= 1
+
+            await asyncio.gather(*(task() for _ in range(8)))
+            locks.reset()
+            return peak
+
+    assert asyncio.run(main()) == 1
+
+
+# -- failures --------------------------------------------------------------
+
+
+def test_majority_down_is_a_backend_error_then_recovers(nodes):
+    with override_settings(LOCKS=redlock_locks(nodes)):
+        with lock("m", timeout=0):
+            pass
+        for server in nodes[:3]:
+            server.kill()
+        started = time.monotonic()
+        with pytest.raises(LockBackendError):
+            with lock("m", timeout=2):
+                pass
+        assert time.monotonic() - started < 2 + 1 + 1  # timeout + 1 s (+ slack)
+        started = time.monotonic()
+        with pytest.raises(LockBackendError):
+            lock("m", timeout=0).acquire()
+        assert time.monotonic() - started < 2
+        for server in nodes[:3]:
+            server.start()
+        # Same process, same backend object: no client restart needed.
+        with lock("m", timeout=5) as held:
+            assert held.locked()
+        locks.reset()
+
+
+def test_minority_down_still_works(nodes):
+    backend = backend_for(nodes)
+    nodes[0].kill()
+    nodes[1].kill()
+    lease = backend.acquire("min", 5, 0)
+    assert lease is not None
+    assert backend.acquire("min", 5, 0) is None  # contention, not an error
+    assert backend.renew([lease]) == [True]
+    assert backend.release(lease) is True
+
+
+def test_paused_node_does_not_stall(nodes):
+    backend = backend_for(nodes, NODE_TIMEOUT=0.1)
+    backend.release(backend.acquire("warm", 5, 0))
+    nodes[2].pause()
+    try:
+        worst = 0.0
+        for i in range(20):
+            started = time.monotonic()
+            lease = backend.acquire(f"s{i}", 5, 0)
+            assert lease is not None
+            assert backend.release(lease) is True
+            worst = max(worst, time.monotonic() - started)
+        # One NODE_TIMEOUT for the first call, then the node is skipped;
+        # never the socket's default or a sum over calls (generous bound).
+        assert worst < 1.5
+    finally:
+        nodes[2].resume()
+    lease = backend.acquire("after", 5, 0)
+    assert lease is not None
+
+
+def test_two_paused_nodes_cost_one_timeout_not_two(nodes):
+    backend = backend_for(nodes, NODE_TIMEOUT=0.5)
+    backend.release(backend.acquire("warm", 5, 0))
+    nodes[0].pause()
+    nodes[1].pause()
+    try:
+        started = time.monotonic()
+        lease = backend.acquire("two", 5, 0)
+        elapsed = time.monotonic() - started
+        assert lease is not None
+        # Both nodes share one deadline: about 0.5 s, not 1 s.
+        assert elapsed < 0.95
+    finally:
+        nodes[0].resume()
+        nodes[1].resume()
+
+
+def test_fencing_tokens_increase_while_nodes_die_and_return(nodes):
+    backend = backend_for(nodes, ttl=5)
+    rng = random.Random(7)
+    tokens = []
+    down: list[RedisServer] = []
+    for i in range(50):
+        lease = backend.acquire("fence", 5, 5)
+        assert lease is not None, i
+        tokens.append(lease.fencing_token)
+        backend.release(lease)
+        # Change which nodes answer: kill one (at most 2 down) or bring
+        # one back empty.
+        if down and (len(down) == 2 or rng.random() < 0.5):
+            down.pop(rng.randrange(len(down))).start()
+        else:
+            victim = rng.choice([s for s in nodes if s not in down])
+            victim.kill()
+            down.append(victim)
+    assert all(b > a for a, b in zip(tokens, tokens[1:])), tokens
+
+
+def test_fencing_tokens_survive_a_majority_wipe_by_the_clock(nodes):
+    """Beyond the guarantee: every node loses its data; the clock still wins."""
+    backend = backend_for(nodes)
+    first = backend.acquire("wipe", 5, 0)
+    backend.release(first)
+    time.sleep(1.05)  # tokens are (server seconds << 20) + count
+    for server in nodes:
+        server.restart()
+    second = backend.acquire("wipe", 5, 5)
+    assert second.fencing_token > first.fencing_token
+
+
+def test_disagreeing_nodes_commit_the_token_to_a_majority(nodes):
+    backend = backend_for(nodes)
+    counter = backend.keys_for("c")[1]
+    # Node 0 is far ahead (its counter was raised by a lost acquisition).
+    nodes[0].client().set(counter, 2**52)
+    lease = backend.acquire("c", 5, 0)
+    assert lease.fencing_token == 2**52 + 1
+    # Made visible on every node that holds the lease, before returning.
+    for server in nodes:
+        assert int(server.client().get(counter)) == 2**52 + 1
+        assert int(server.client().hget(backend.keys_for("c")[0], "f")) == 2**52 + 1
+    backend.release(lease)
+    nodes[0].restart()  # the node that had it loses everything
+    again = backend.acquire("c", 5, 5)
+    assert again.fencing_token > lease.fencing_token
+
+
+def test_node_restarted_empty_while_held_full_grant(nodes):
+    """The holder has all 5 nodes: one node losing its data changes nothing."""
+    holder = backend_for(nodes)
+    other = backend_for(nodes)
+    lease = holder.acquire("held", 30, 0)
+    nodes[0].restart()
+    assert other.acquire("held", 30, 0.3) is None
+    assert holder.renew([lease]) == [True]
+
+
+def _bare_quorum(nodes, holder):
+    """Take ``held`` on exactly 3 nodes (2 down), then bring the 2 back."""
+    nodes[3].kill()
+    nodes[4].kill()
+    lease = holder.acquire("held", 30, 5)
+    assert lease is not None
+    nodes[3].start()
+    nodes[4].start()
+    return lease
+
+
+def test_node_restarted_empty_bare_quorum_fencing_catches_it(nodes):
+    """Without the delayed-restart rule, a node that restarts empty lets a
+    second holder in (Redlock's documented limit); its larger fencing token
+    is what keeps the data safe."""
+    holder = backend_for(nodes, ttl=30)
+    other = backend_for(nodes, ttl=30)
+    lease = _bare_quorum(nodes, holder)
+    time.sleep(1.05)  # the restart happens in a later second than the grant
+    nodes[0].restart()  # one of the holder's 3 nodes loses the lease
+    second = other.acquire("held", 30, 5)
+    assert second is not None  # the overlap Redlock cannot prevent here ...
+    assert second.fencing_token > lease.fencing_token  # ... fencing rejects it
+    # and the first holder learns at its next renewal that it lost the lock.
+    assert holder.renew([lease]) in ([False], [None])
+
+
+def test_node_restarted_empty_bare_quorum_delayed_restart_rule(nodes):
+    """With RESTART_DELAY (default: the TTL) a client that sees a node come
+    back with a new run id does not count its votes until then."""
+    holder = backend_for(nodes, ttl=30, RESTART_DELAY=2)
+    other = backend_for(nodes, ttl=30, RESTART_DELAY=2)
+    lease = _bare_quorum(nodes, holder)
+    # The contender knows every node before node 0 restarts.
+    other.release(other.acquire("warm", 5, 0))
+    nodes[0].restart()
+    assert other.acquire("held", 30, 0.5) is None  # no overlap
+    holder.release(lease)
+    time.sleep(2.1)
+    later = other.acquire("held", 30, 5)
+    assert later is not None
+    assert later.fencing_token > lease.fencing_token
+
+
+# -- mutual exclusion across processes while nodes die ---------------------
+
+
+def _worker_mutex(log_path: str, counter_path: str, stop_path: str) -> int:
+    """Loop: take the lock, read-modify-write a file, log the critical section."""
+    done = 0
+    deadline = time.monotonic() + 90
+    with open(log_path, "a", buffering=1) as log:
+        while not os.path.exists(stop_path) and time.monotonic() < deadline:
+            try:
+                held = lock("mutex", ttl=2, timeout=5)
+                if not held.acquire():
+                    continue
+            except LockBackendError:
+                time.sleep(0.05)
+                continue
+            try:
+                start = time.monotonic()
+                value = int(Path(counter_path).read_text() or 0)
+                time.sleep(0.002)
+                Path(counter_path).write_text(str(value + 1))
+                end = time.monotonic()
+                token = held.fencing_token
+            finally:
+                try:
+                    held.release()
+                except LockLost:
+                    pass
+            log.write(f"{os.getpid()} {start!r} {end!r} {token}\n")
+            done += 1
+    return done
+
+
+def _lines(path: Path) -> list[tuple[int, float, float, int]]:
+    out = []
+    for line in path.read_text().splitlines():
+        pid, start, end, token = line.split()
+        out.append((int(pid), float(start), float(end), int(token)))
+    return out
+
+
+def _wait_lines(path: Path, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"workers made no progress: {path.read_text()!r}")
+
+
+def test_mutual_exclusion_across_processes_while_two_nodes_die(nodes, tmp_path):
+    log_path = tmp_path / "log"
+    counter = tmp_path / "counter"
+    stop = tmp_path / "stop"
+    counter.write_text("0")
+    log_path.write_text("")
+    with override_settings(LOCKS=redlock_locks(nodes)):
+        procs = [
+            start_process(_worker_mutex, str(log_path), str(counter), str(stop))
+            for _ in range(4)
+        ]
+        try:
+            _wait_lines(log_path, 30)
+            nodes[1].kill()
+            nodes[3].kill()
+            before = len(_lines(log_path))
+            _wait_lines(log_path, before + 30)
+        finally:
+            stop.write_text("stop")
+            for proc in procs:
+                proc.join(60)
+    entries = sorted(_lines(log_path), key=lambda e: e[1])
+    assert all(proc.exitcode == 0 for proc in procs)
+    assert len({pid for pid, *_ in entries}) >= 2
+    overlaps = [(a, b) for a, b in zip(entries, entries[1:]) if b[1] < a[2]]
+    assert overlaps == []
+    assert int(counter.read_text()) == len(entries)  # no lost update
+    tokens = [e[3] for e in entries]
+    assert all(b > a for a, b in zip(tokens, tokens[1:]))
+
+
+# -- system checks ---------------------------------------------------------
+
+
+def _ids(messages):
+    return [m.id for m in messages]
+
+
+def test_checks():
+    urls = [f"redis://127.0.0.1:{6400 + i}/0" for i in range(5)]
+    ok = {"BACKEND": BACKEND, "LOCATION": urls}
+    assert RedlockBackend.check("q", ok) == []
+    few = RedlockBackend.check("q", {**ok, "LOCATION": urls[:2]})
+    assert _ids(few) == ["distlock.E011"] and isinstance(few[0], Error)
+    even = RedlockBackend.check("q", {**ok, "LOCATION": urls[:4]})
+    assert _ids(even) == ["distlock.W001"] and isinstance(even[0], Warning)
+    assert _ids(RedlockBackend.check("q", {**ok, "LOCATION": urls[0]})) == [
+        "distlock.E004"
+    ]
+    bad = RedlockBackend.check("q", {**ok, "LOCATION": [*urls[:2], "http://x"]})
+    assert _ids(bad) == ["distlock.E004"]
+    twice = RedlockBackend.check("q", {**ok, "LOCATION": [urls[0]] * 3})
+    assert _ids(twice) == ["distlock.E004"]
+    opts = RedlockBackend.check("q", {**ok, "OPTIONS": {"NODE_TIMEOUT": 0, "X": 1}})
+    assert _ids(opts) == ["distlock.E009", "distlock.E009"]
+    with override_settings(LOCKS={"default": {**ok, "LOCATION": urls[:2]}}):
+        assert "distlock.E011" in _ids(check_locks_setting())
+    with override_settings(LOCKS={"default": {**ok, "LOCATION": urls[:4]}}):
+        assert _ids(check_locks_setting()) == ["distlock.W001"]
+
+
+def test_lock_not_acquired_under_contention(nodes):
+    with override_settings(LOCKS=redlock_locks(nodes)):
+        with lock("busy"):
+            with pytest.raises(LockNotAcquired):
+                with lock("busy", timeout=0.2):
+                    pass
+        locks.reset()
