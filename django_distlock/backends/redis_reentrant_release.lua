@@ -17,7 +17,7 @@ if lease[1] ~= ARGV[1] then
   return 0
 end
 if ARGV[3] ~= '' and lease[2] == ARGV[3] .. ' ' .. ARGV[1]
-    and tonumber(lease[3]) > 1 then
+    and (tonumber(lease[3]) or 1) > 1 then
   redis.call('hincrby', KEYS[1], 'c', -1)
   return 3
 end
