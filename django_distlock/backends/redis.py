@@ -186,9 +186,13 @@ class RedisLockBackend(BaseLockBackend):
 
     # -- clients ----------------------------------------------------------
 
-    def _client_kwargs(self) -> dict[str, Any]:
+    def _client_kwargs(self, for_asyncio: bool = False) -> dict[str, Any]:
         from redis.backoff import NoBackoff
-        from redis.retry import Retry
+
+        if for_asyncio:
+            from redis.asyncio.retry import Retry
+        else:
+            from redis.retry import Retry
 
         kwargs = {
             "socket_timeout": self.socket_timeout,
@@ -233,7 +237,9 @@ class RedisLockBackend(BaseLockBackend):
                 }
                 client = aredis.Redis(**kwargs)
             else:
-                client = aredis.Redis.from_url(self.location, **self._client_kwargs())
+                client = aredis.Redis.from_url(
+                    self.location, **self._client_kwargs(for_asyncio=True)
+                )
             self._aclients[loop] = client
         return client
 
