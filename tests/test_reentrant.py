@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 from django.test import RequestFactory, override_settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from django_distlock import (
     LockLost,
@@ -268,6 +271,64 @@ def test_ttl_refreshed_on_reentry_never_shortened(reentrant, name):
             assert inner.lease.remaining() > 1
             with lock(name, ttl=0.2, auto_renew=False, timeout=0):
                 assert reentrant.client.pttl(key) > 1000  # not cut to 0.2 s
+
+
+@hyp_settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("AB"), st.booleans(), st.integers(0, 5)),
+        max_size=25,
+    )
+)
+def test_scripts_match_an_rlock_model(reentrant, monkeypatch, ops):
+    """Random acquire/release sequences by two owners behave like an RLock."""
+    owner = {"id": "A"}
+    monkeypatch.setattr(redis_reentrant, "current_owner", lambda: owner["id"])
+    name = f"model:{uuid.uuid4().hex}"
+    key = reentrant.keys_for(name).lease
+    holder, levels, fences = None, {"A": [], "B": []}, []
+    released = []
+    for who, take, pick in ops:
+        owner["id"] = who
+        if take:
+            lease = reentrant.acquire(name, 30, 0)
+            if holder in (None, who):
+                assert lease is not None
+                if holder is None:
+                    assert not fences or lease.fencing_token > fences[-1]
+                    fences.append(lease.fencing_token)
+                assert lease.fencing_token == fences[-1]
+                holder = who
+                levels[who].append(lease)
+            else:
+                assert lease is None
+        elif levels[who]:
+            lease = levels[who].pop(pick % len(levels[who]))  # any order
+            assert reentrant.release(lease) is True
+            released.append(lease)
+            if not levels[who]:
+                holder = None
+        elif levels["B" if who == "A" else "A"] and pick % 2:
+            # Another owner's live level: refused, nothing changes.
+            other = levels["B" if who == "A" else "A"]
+            with pytest.raises(LockNotHeld):
+                reentrant.release(other[pick % len(other)])
+        else:
+            mine = [lease for lease in released if lease.owner == who]
+            if mine:
+                assert reentrant.release(mine[pick % len(mine)]) is False
+        count = reentrant.client.hget(key, "c")
+        expected = len(levels[holder]) if holder else 0
+        assert int(count or 0) == expected
+    for who in "AB":
+        owner["id"] = who
+        for lease in levels[who]:
+            assert reentrant.release(lease)
+    assert reentrant.client.exists(key) == 0
 
 
 # -- owners: threads and tasks -----------------------------------------------
