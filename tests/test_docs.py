@@ -375,6 +375,11 @@ def test_site_builds_without_warnings(tmp_path):
     assert "WARNING" not in output, output
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "api" / "index.html").exists()
+    # A marker must stay an invisible comment: inside an indented block (an
+    # admonition, a tab) Markdown may print a multi-line one as text.
+    for html in (tmp_path / "site").rglob("*.html"):
+        text = re.sub(r"<(pre|code)\b.*?</\1>", "", html.read_text(), flags=re.S)
+        assert "&lt;!-- test:" not in text, f"a test marker is visible in {html}"
 
 
 def test_every_check_id_is_documented():
