@@ -821,9 +821,9 @@ class RedlockBackend(BaseLockBackend):
             no_quorum_since = None
             if not blocking or now >= deadline:
                 break
-            if granted:
-                # A split vote: back off a random moment so that contenders
-                # stop colliding, then try again.
+            if not busy:
+                # Granted by a quorum but too slowly (validity) or the
+                # commit failed: try again after a random moment.
                 yield Sleep(min(deadline - now, random.uniform(0, self.retry_jitter)))
                 continue
             # The lock is held elsewhere: sleep on the wake list of the first
@@ -844,6 +844,14 @@ class RedlockBackend(BaseLockBackend):
                 popped = yield Block(wake_node, wake_key, wait)
                 if popped is False:  # the node could not block: do not spin
                     yield Sleep(min(wait, 0.005 + random.uniform(0, 0.01)))
+            if granted:
+                # A split vote (or a holder with a bare quorum): the undo of
+                # the other side wakes us; back off a random moment so that
+                # contenders stop colliding.
+                now = time.monotonic()
+                yield Sleep(
+                    max(0.0, min(deadline - now, random.uniform(0, self.retry_jitter)))
+                )
         if registered:
             yield Fanout([("ZREM", waiters_key, token)])
         return None
