@@ -559,3 +559,30 @@ def test_lock_not_acquired_under_contention(nodes):
                 with lock("busy", timeout=0.2):
                     pass
         locks.reset()
+
+
+def test_waiting_behind_a_bare_quorum_holder_does_not_poll(nodes, monkeypatch):
+    """The waiter gets 2 of 5 nodes every attempt; it must still block, not spin."""
+    holder = backend_for(nodes)
+    waiter = backend_for(nodes)
+    lease = _bare_quorum(nodes, holder)
+    steps = []
+    real = waiter._fanout
+    monkeypatch.setattr(
+        waiter, "_fanout", lambda step: steps.append(step) or real(step)
+    )
+    assert waiter.acquire("held", 30, 1.0) is None
+    # About one attempt per MAX_WAIT_SLICE (plus undo and cleanup), not one
+    # every few milliseconds.
+    assert len(steps) < 12, len(steps)
+    holder.release(lease)
+
+
+def test_no_quorum_never_hangs_even_when_waiting_forever(nodes):
+    backend = backend_for(nodes)
+    for server in nodes[:3]:
+        server.kill()
+    started = time.monotonic()
+    with pytest.raises(LockBackendError):
+        backend.acquire("forever", 5, None)
+    assert time.monotonic() - started < 5
