@@ -7,6 +7,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
 from typing import Any
@@ -18,7 +19,7 @@ from .handler import DEFAULT_LOCK_ALIAS, locks
 from .signals import lock_acquired, lock_contended, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
 
-__all__ = ["Lock", "lock", "lock_for"]
+__all__ = ["Lock", "OnCommitLock", "lock", "lock_for"]
 
 acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
@@ -397,10 +398,176 @@ def lock_name_for(model_or_instance, pk=None) -> str:
     return f"{meta.label_lower}:{pk}"
 
 
-def lock_for(model_or_instance, pk=None, **options: Any) -> Lock:
+RELEASE_ON_EXIT = "on_exit"
+RELEASE_ON_COMMIT = "on_commit"
+
+
+def lock_for(
+    model_or_instance,
+    pk=None,
+    *,
+    release: str = RELEASE_ON_EXIT,
+    database: str | None = None,
+    **options: Any,
+) -> Lock:
     """Return a :class:`Lock` for one model row, taking every option of :func:`lock`.
 
     ``lock_for(instance)`` or ``lock_for(Model, pk=42)``; the name is
-    ``"<app_label>.<model_name>:<pk>"``. An unsaved instance is a ValueError.
+    ``"<app_label>.<model_name>:<pk>"`` (a proxy model names its concrete
+    model). An unsaved instance is a ValueError.
+
+    ``release="on_commit"`` keeps the lock, when the ``with`` block is left
+    inside ``transaction.atomic()``, until that transaction ends: released
+    right after it commits, and on rollback too (see
+    :class:`OnCommitLock`). ``database`` is the database alias whose
+    transaction counts (default: the router's write database for the model).
     """
-    return lock(lock_name_for(model_or_instance, pk), **options)
+    name = lock_name_for(model_or_instance, pk)
+    if release == RELEASE_ON_EXIT:
+        return lock(name, **options)
+    if release != RELEASE_ON_COMMIT:
+        raise ValueError(
+            f"release must be {RELEASE_ON_EXIT!r} or {RELEASE_ON_COMMIT!r}, "
+            f"not {release!r}."
+        )
+    if database is None:
+        from django.db import router
+        from django.db.models import Model
+
+        if isinstance(model_or_instance, Model):
+            database = router.db_for_write(
+                type(model_or_instance), instance=model_or_instance
+            )
+        else:
+            database = router.db_for_write(model_or_instance)
+    return OnCommitLock(name, database=database, **options)
+
+
+class _Deferred:
+    """The on_commit callback holding a lease past its ``with`` block.
+
+    Django calls it after the commit. Django drops it unrun when the
+    transaction, or a savepoint enclosing the block, rolls back; a
+    :func:`weakref.finalize` on it notices that and releases the lease then.
+    The lease itself sits in ``box`` (shared with the finalizer, which must
+    not reference this object).
+    """
+
+    __slots__ = ("box", "__weakref__")
+
+    def __init__(self, box: list):
+        self.box = box
+
+    def __call__(self) -> None:
+        _release_deferred(self.box)
+
+
+def _release_deferred(box: list) -> None:
+    handle, key, pending = box
+    box[0] = None
+    if handle is None:
+        return  # committed already, or adopted by another block
+    if pending.get(key) is box:
+        del pending[key]
+    try:
+        handle.release()
+    except LockNotHeld:
+        # LockLost included: it was signalled (lock_lost) and logged; raising
+        # here would only break Django's commit or garbage collection.
+        release_log.warning("Lock %r was lost before its commit", handle.name)
+    except Exception:
+        release_log.exception("Releasing lock %r after commit failed", handle.name)
+
+
+class OnCommitLock(Lock):
+    """A lock whose ``with`` block, inside ``atomic()``, releases at commit.
+
+    Releasing a row's lock before the writes made under it are committed
+    lets the next holder read the old row: the classic lost update. So when
+    the block is left while ``transaction.atomic()`` is active on
+    ``database``, the lease is kept (and auto-renewed) until the transaction
+    ends: ``transaction.on_commit`` releases it right after the commit.
+
+    Django has no on_rollback hook. On rollback, of the whole transaction or
+    of a savepoint enclosing the block (which undoes the block's writes),
+    Django discards the on_commit callbacks it registered; the callback
+    object is then freed and a :func:`weakref.finalize` attached to it
+    releases the lease at once. Should anything keep the callback alive, the
+    lease still ends: the watchdog stops renewing a lease whose handle is
+    garbage collected, and it expires after its ttl.
+
+    Entering the lock again (through any handle for the same name) in the
+    same transaction adopts the pending lease instead of waiting for itself.
+    Outside ``atomic()`` the block releases on exit like a plain lock.
+    Synchronous code only: Django's transactions are.
+    """
+
+    def __init__(self, name: str, *, database: str = "default", **options: Any):
+        super().__init__(name, **options)
+        self.database = database
+
+    def _recreate_cm(self) -> OnCommitLock:
+        return OnCommitLock(
+            self.name,
+            database=self.database,
+            using=self.using,
+            ttl=self._ttl,
+            timeout=self._timeout,
+            auto_renew=self._auto_renew,
+        )
+
+    def _connection(self):
+        from django.db import connections
+
+        return connections[self.database]
+
+    def _pending(self, connection) -> dict:
+        # Per database connection, hence per thread and transaction.
+        try:
+            return connection._distlock_pending
+        except AttributeError:
+            connection._distlock_pending = {}
+            return connection._distlock_pending
+
+    def __enter__(self) -> OnCommitLock:
+        connection = self._connection()
+        if connection.in_atomic_block:
+            box = self._pending(connection).pop((self.using, self.name), None)
+            if box is not None and box[0] is not None:
+                handle = box[0]
+                box[0] = None
+                self._leases.append(handle._leases.pop())
+                return self
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        connection = self._connection()
+        if not connection.in_atomic_block or not self._leases:
+            return super().__exit__(exc_type, exc, tb)
+        lease = self.lease
+        if lease.lost:
+            # Leaving the block must still report a loss, as a plain lock does.
+            return super().__exit__(exc_type, exc, tb)
+        holder = Lock(
+            self.name,
+            using=self.using,
+            ttl=self._ttl,
+            timeout=self._timeout,
+            auto_renew=self._auto_renew,
+        )
+        holder._leases.append(self._leases.pop())
+        key = (self.using, self.name)
+        pending = self._pending(connection)
+        box = [holder, key, pending]
+        pending[key] = box
+        callback = _Deferred(box)
+        weakref.finalize(callback, _release_deferred, box)
+        connection.on_commit(callback)
+        return None
+
+    async def __aenter__(self):
+        raise TypeError(
+            "release='on_commit' works with synchronous transactions only; "
+            "use 'with', or wrap the transaction in sync_to_async."
+        )

@@ -76,7 +76,8 @@ def hold_lock(name: str, seconds: float, using: str = "default") -> None:
     """Worker: hold ``name`` for ``seconds`` in this (spawned) process."""
     from django_distlock import lock
 
-    with lock(name, using=using, ttl=max(1.0, seconds), timeout=10):
+    # A short lease, auto-renewed: a killed holder frees the lock within 1 s.
+    with lock(name, using=using, ttl=1.0, timeout=10):
         time.sleep(seconds)
 
 
@@ -103,3 +104,36 @@ def buyer(sku: str, attempts: int) -> tuple[int, int]:
         else:
             raise AssertionError(response.status_code)
     return sold, busy
+
+
+def increment_under_row_lock(pk: int, times: int) -> int:
+    """Worker: read-modify-write a row's stock in atomic() under its row lock."""
+    from django.db import transaction
+
+    from django_distlock import lock_for
+
+    from .testapp.models import Product
+
+    done = 0
+    for _ in range(times):
+        with transaction.atomic():
+            with lock_for(Product, pk=pk, release="on_commit", timeout=30):
+                product = Product.objects.get(pk=pk)
+                stock = product.stock
+            # The lock is released at commit, after this write: the next
+            # holder reads the committed value.
+            time.sleep(0.002)
+            Product.objects.filter(pk=pk).update(stock=stock + 1)
+        done += 1
+    return done
+
+
+def try_lock(name: str) -> bool:
+    """Worker: True if ``name`` can be taken right now (then released)."""
+    from django_distlock import lock
+
+    handle = lock(name, timeout=0)
+    if handle.acquire():
+        handle.release()
+        return True
+    return False
