@@ -186,7 +186,11 @@ def write_outputs(saved, report_path, img_dir, raw_dir, publish) -> int:
         raw_dir.mkdir(parents=True, exist_ok=True)
         with open(raw_dir / "latest.pickle", "wb") as f:
             pickle.dump(saved, f)
-    text = report.render(**saved)
+    if publish:
+        prefix = os.path.relpath(img_dir, report_path.parent) + "/"
+    else:
+        prefix = ""
+    text = report.render(**saved, image_prefix=prefix)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(text)
     print(text)
@@ -197,7 +201,7 @@ def write_outputs(saved, report_path, img_dir, raw_dir, publish) -> int:
         print(f"plot: {path}", file=sys.stderr)
     if publish:
         page = ROOT / "docs/performance.md"
-        if report.publish(text, page):
+        if report.publish(report.render(**saved, image_prefix="img/"), page):
             print(f"results copied into {page}", file=sys.stderr)
     return 1 if saved["errors"] else 0
 

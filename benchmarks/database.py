@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zlib
 
+from .common import token
 from .core import alternate, cycles
 
 FLOOR = "raw pg_advisory_lock + pg_advisory_unlock"
@@ -15,6 +16,7 @@ DISTLOCK = "django_distlock database backend"
 PGLOCKS = "django-pglocks advisory_lock"
 DB_MUTEX = "django-db-mutex"
 ROW_LOCK = "raw BEGIN; SELECT ... FOR UPDATE; COMMIT"
+DURABLE = "raw durable lease: UPDATE + UPDATE (2 commits)"
 
 TARGETS = {DISTLOCK: (FLOOR, 3.0)}
 
@@ -24,7 +26,9 @@ def run(ctx) -> dict:
 
     key = zlib.crc32(b"bench:d:floor")
     raw = ctx.pg.connect()
-    raw.execute("CREATE TABLE IF NOT EXISTS bench_rowlock (name text PRIMARY KEY)")
+    raw.execute(
+        "CREATE TABLE IF NOT EXISTS bench_rowlock (name text PRIMARY KEY, holder text)"
+    )
     raw.execute("INSERT INTO bench_rowlock VALUES ('x') ON CONFLICT DO NOTHING")
 
     def floor():
@@ -36,6 +40,19 @@ def run(ctx) -> dict:
             raw.execute(
                 "SELECT name FROM bench_rowlock WHERE name = 'x' FOR UPDATE"
             ).fetchone()
+
+    def durable():
+        # What a lease that survives a crash costs at the least: one durable
+        # write to take it and one to give it back (each commit is flushed).
+        tok = token()
+        raw.execute(
+            "UPDATE bench_rowlock SET holder = %s WHERE name = 'x' AND holder IS NULL",
+            (tok,),
+        )
+        raw.execute(
+            "UPDATE bench_rowlock SET holder = NULL WHERE name = 'x' AND holder = %s",
+            (tok,),
+        )
 
     def pglocks():
         from django_pglocks import advisory_lock
@@ -52,6 +69,7 @@ def run(ctx) -> dict:
     runners = {
         FLOOR: cycles(floor),
         ROW_LOCK: cycles(row_lock),
+        DURABLE: cycles(durable),
         PGLOCKS: cycles(pglocks),
         DB_MUTEX: cycles(db_mutex),
     }

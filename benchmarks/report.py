@@ -141,7 +141,9 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
                 (
                     "PostgreSQL: cycle ≤ 3x raw advisory lock pair",
                     f"{d.p(50) / f.p(50):.2f}x",
-                    f"{d.p(50):.0f} vs {f.p(50):.0f} µs",
+                    f"{d.p(50):.0f} vs {f.p(50):.0f} µs; "
+                    f"{d.p(50) / s[database.DURABLE].p(50):.2f}x two raw durable "
+                    "UPDATEs",
                     d.p(50) <= 3 * f.p(50),
                 )
             )
@@ -217,7 +219,14 @@ def _series_table(block: dict, anchors: dict, note: str) -> list[str]:
     return lines
 
 
-def render(results, skipped, errors, meta) -> str:
+def render(results, skipped, errors, meta, image_prefix: str | None = None) -> str:
+    """Return the report; with ``image_prefix``, each section shows its plot."""
+
+    def image(stem: str, alt: str) -> list[str]:
+        if image_prefix is None:
+            return []
+        return ["", f"![{alt}]({image_prefix}bench_{stem}.png)"]
+
     lines = ["# django_distlock benchmark results", ""]
     if meta.get("quick"):
         lines += [
@@ -258,6 +267,7 @@ def render(results, skipped, errors, meta) -> str:
             "lock object; the floor is `SET NX PX` + `EVALSHA` compare-and-delete "
             "with a fresh token. Async rows run on one event loop.",
         )
+        lines += image("uncontended", "Uncontended cycle as a multiple of the floor")
     if "contended" in results:
         lines += [
             "",
@@ -286,6 +296,7 @@ def render(results, skipped, errors, meta) -> str:
             f"Window {any_o.window_s:.1f} s per contender in total "
             "(rounds alternate the contenders).",
         ]
+        lines += image("contended", "Four processes: throughput and waits")
     if "redlock" in results:
         lines += ["", "## Redlock, five redis-server processes", ""]
         lines += _series_table(
@@ -295,6 +306,7 @@ def render(results, skipped, errors, meta) -> str:
             "(`SET NX PX` to all five sockets, read all replies; then the same "
             "for `EVALSHA` compare-and-delete).",
         )
+        lines += image("redlock", "Redlock on five nodes")
     if "database" in results:
         lines += ["", "## PostgreSQL, uncontended cycle", ""]
         lines += _series_table(
@@ -303,6 +315,7 @@ def render(results, skipped, errors, meta) -> str:
             "The floor is `pg_advisory_lock` + `pg_advisory_unlock` on a raw "
             "psycopg connection in autocommit mode.",
         )
+        lines += image("database", "PostgreSQL cycle as a multiple of the floor")
     if "scale" in results:
         m = results["scale"]
         lines += [
@@ -330,6 +343,7 @@ def render(results, skipped, errors, meta) -> str:
                 f"| admin changelist, p50 of the next | {m['admin_p50_ms']:.0f} ms |",
                 f"| admin changelist, search | {m['admin_search_ms']:.0f} ms |",
             ]
+        lines += image("memory", "Redis memory per held lock")
     lines.append("")
     return "\n".join(lines)
 
