@@ -207,6 +207,8 @@ class Dialect:
             ),
             "delete": f"DELETE FROM {table} WHERE id IN ",
         }
+        # Multi-statement, PostgreSQL only (one implicit transaction).
+        sql["release_async"] = "SET LOCAL synchronous_commit TO OFF; " + sql["release"]
         return {key: self.prepare(value) for key, value in sql.items()}
 
 
@@ -304,6 +306,27 @@ class _Connection:
             return self.wrapper.is_usable()
         except Exception:  # noqa: BLE001 - any failure means unusable
             return False
+
+
+_CLIENT_SIDE: dict[type, bool] = {}
+
+
+def _client_side_pg(cursor: Any) -> bool:
+    """Return True for a psycopg 3 cursor that binds parameters client-side.
+
+    Only those send a query with several statements in one round trip.
+    """
+    kind = type(cursor)
+    known = _CLIENT_SIDE.get(kind)
+    if known is None:
+        try:
+            from psycopg import ClientCursor
+        except ImportError:
+            known = False
+        else:
+            known = issubclass(kind, ClientCursor)
+        _CLIENT_SIDE[kind] = known
+    return known
 
 
 def _django_db_error() -> type[Exception]:
@@ -653,7 +676,14 @@ class DatabaseLockBackend(BaseLockBackend):
         return cursor.rowcount == 1
 
     def _release_once(self, cursor: Any, digest: str, token: str) -> bool:
-        cursor.execute(self._sql["release"], (digest, token))
+        if _client_side_pg(cursor):
+            # A release need not wait for the WAL flush: if a server crash
+            # loses it, the lock stays taken until its lease expires, and the
+            # next acquisition's flush makes it durable anyway.
+            cursor.execute(self._sql["release_async"], (digest, token))
+            cursor.nextset()
+        else:
+            cursor.execute(self._sql["release"], (digest, token))
         if cursor.rowcount == 1:
             return True
         # Expired (not yet taken over): clear it anyway, but report the loss.
