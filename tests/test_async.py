@@ -15,7 +15,7 @@ from .conftest import redis_locks
 
 pytestmark = pytest.mark.redis
 
-TTL = 0.6
+TTL = 1.0
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +71,7 @@ def test_async_renewal_runs_as_a_task_of_the_loop():
         async with lock("x", ttl=TTL) as held:
             assert len(watchdog_tasks()) == 1
             assert len(get_watchdog()) == threads_before  # not the thread's job
-            await asyncio.sleep(TTL * 4)
+            await asyncio.sleep(TTL * 3)
             assert await held.alocked()
             assert not await lock("x", timeout=0).aacquire()
         # With nothing left to renew, the task ends.
