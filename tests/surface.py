@@ -16,7 +16,12 @@ from django_distlock.backends.base import BaseLockBackend
 from .conftest import redis_locks
 from .servers import free_port
 
-SURFACE_BACKENDS = ["redis", "locmem", "database"]
+SURFACE_BACKENDS = [
+    pytest.param("redis", marks=pytest.mark.redis),
+    "locmem",
+    # Lock rows must be committed: other processes and connections read them.
+    pytest.param("database", marks=pytest.mark.django_db(transaction=True)),
+]
 
 
 def database_backend_ready() -> bool:
@@ -42,8 +47,6 @@ def locks_setting(kind: str, request) -> dict:
     if kind == "database":
         if not database_backend_ready():
             pytest.skip("the database backend is not implemented yet")
-        # Lock rows must be committed: other processes and connections read them.
-        request.getfixturevalue("transactional_db")
         return {
             "default": {
                 "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
@@ -137,3 +140,49 @@ def try_lock(name: str) -> bool:
         handle.release()
         return True
     return False
+
+
+def hold_until_lost(name: str, result_path: str, seconds: float = 30) -> None:
+    """Worker: hold ``name`` until it is taken away; record what ``__exit__`` did."""
+    from django_distlock import LockLost, lock
+
+    outcome = "released"
+    try:
+        with lock(name, ttl=5, timeout=10) as held:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and held.locked():
+                time.sleep(0.05)
+    except LockLost:
+        outcome = "LockLost"
+    with open(result_path, "w") as f:
+        f.write(outcome)
+
+
+def fill_redis(url: str, prefix: str, count: int, key_prefix: str = "distlock") -> None:
+    """Create ``count`` held locks named ``prefix<i>`` fast (pipelined ACQUIRE)."""
+    import redis
+
+    from django_distlock.backends.redis import ACQUIRE, LockKeys
+    from django_distlock.keys import encode_name
+
+    client = redis.Redis.from_url(url)
+    client.script_load(ACQUIRE.source)
+    for start in range(0, count, 5000):
+        pipe = client.pipeline(transaction=False)
+        for i in range(start, min(count, start + 5000)):
+            name = f"{prefix}{i}"
+            keys = LockKeys(key_prefix, name)
+            pipe.evalsha(
+                ACQUIRE.sha,
+                3,
+                *keys.triple,
+                f"tok{i}",
+                600_000,
+                encode_name(name),
+                "bench-host",
+                4242,
+                "MainThread",
+                0,
+            )
+        pipe.execute()
+    client.close()

@@ -1,0 +1,321 @@
+"""``manage.py locks list|clear`` over real backends."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from django_distlock import LockLost, lock
+
+from .conftest import redis_locks
+from .procs import start_process
+from .surface import (
+    SURFACE_BACKENDS,
+    down_locks,
+    fill_redis,
+    hold_lock,
+    hold_until_lost,
+    is_listed,
+    locks_setting,
+    wait_until,
+)
+
+
+@pytest.fixture(params=SURFACE_BACKENDS)
+def backend_kind(request):
+    with override_settings(LOCKS=locks_setting(request.param, request)):
+        yield request.param
+
+
+@pytest.fixture
+def cross_process_kind(backend_kind):
+    if backend_kind == "locmem":
+        pytest.skip("locmem locks do not reach other processes")
+    return backend_kind
+
+
+def run(*args, stdin_answer=None, monkeypatch=None):
+    out, err = io.StringIO(), io.StringIO()
+    call_command("locks", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def listed_json(*args):
+    out, _ = run("list", "--format", "json", *args)
+    return json.loads(out)
+
+
+# -- list -------------------------------------------------------------------------
+
+
+def test_list_shows_holders_of_another_process(cross_process_kind):
+    proc = start_process(hold_lock, "report:daily", 30)
+    try:
+        wait_until(lambda: is_listed("report:daily"), what="the holder")
+        rows = listed_json()
+        (row,) = [r for r in rows if r["name"] == "report:daily"]
+        assert set(row) >= {
+            "backend",
+            "name",
+            "holder",
+            "acquired_at",
+            "expires_at",
+            "fencing_token",
+        }
+        assert row["backend"] == "default"
+        assert row["holder"]["pid"] == proc.pid
+        assert row["holder"]["thread"] == "MainThread"
+        assert isinstance(row["fencing_token"], int)
+        assert row["acquired_at"] and row["expires_at"]
+        assert "token" not in row
+        table, _ = run("list")
+        assert "report:daily" in table
+        assert str(proc.pid) in table
+        assert "BACKEND" in table.splitlines()[0]
+    finally:
+        proc.kill()
+        proc.join()
+
+
+def test_list_empty_and_json_empty(backend_kind):
+    assert listed_json() == []
+    out, _ = run("list")
+    assert "No locks are held." in out
+
+
+def test_prefix_is_literal(backend_kind):
+    names = ["a*", "a*b", "ab", "a?c", "axc", "[x]y", "xy", "a\\b", "a\nb"]
+    handles = [lock(n, timeout=0, ttl=10) for n in names]
+    for h in handles:
+        assert h.acquire()
+    try:
+        assert sorted(r["name"] for r in listed_json("--prefix", "a*")) == ["a*", "a*b"]
+        assert [r["name"] for r in listed_json("--prefix", "a?")] == ["a?c"]
+        assert [r["name"] for r in listed_json("--prefix", "[x]")] == ["[x]y"]
+        assert [r["name"] for r in listed_json("--prefix", "a\\")] == ["a\\b"]
+        assert len(listed_json("--prefix", "")) == len(names)
+        table, _ = run("list", "--prefix", "a\n")
+        assert "a\\nb" in table  # control characters are escaped in the table
+    finally:
+        for h in handles:
+            h.release()
+
+
+def test_unreachable_backend_is_reported_and_others_listed(redis_url):
+    setting = {**redis_locks(redis_url), "down": down_locks()["default"]}
+    with override_settings(LOCKS=setting), lock("still:listed", timeout=0):
+        out, err = run("list", "--format", "json")
+        assert [r["name"] for r in json.loads(out)] == ["still:listed"]
+        assert "'down'" in err
+        out, err = run("list")
+        assert "still:listed" in out and "'down'" in err
+        out, err = run("list", "--using", "down")
+        assert "No locks are held." in out and "'down'" in err
+
+
+def test_using_selects_one_alias(redis_url):
+    other = {
+        "BACKEND": "django_distlock.backends.locmem.LocMemLockBackend",
+        "LOCATION": "command-using",
+    }
+    with override_settings(LOCKS={**redis_locks(redis_url), "mem": other}):
+        with lock("on:redis", timeout=0), lock("on:mem", using="mem", timeout=0):
+            assert {r["name"] for r in listed_json()} == {"on:redis", "on:mem"}
+            assert [r["name"] for r in listed_json("--using", "mem")] == ["on:mem"]
+            assert [r["backend"] for r in listed_json("--using", "default")] == [
+                "default"
+            ]
+            with pytest.raises(CommandError, match="Unknown LOCKS alias"):
+                run("list", "--using", "nope")
+
+
+# -- clear ----------------------------------------------------------------------
+
+
+def test_cleared_holder_exit_raises_lock_lost(backend_kind):
+    with pytest.raises(LockLost):
+        with lock("job:1", ttl=5, timeout=0) as held:
+            out, _ = run("clear", "job:1", "--noinput")
+            assert "Cleared 1 lock(s)." in out
+            assert not held.locked()
+
+
+def test_cleared_holder_in_another_process_finds_out(cross_process_kind, tmp_path):
+    result = tmp_path / "outcome"
+    proc = start_process(hold_until_lost, "job:remote", str(result))
+    try:
+        wait_until(lambda: is_listed("job:remote"), what="the holder")
+        out, _ = run("clear", "job:remote", "--noinput")
+        assert "Cleared 1 lock(s)." in out
+        wait_until(result.exists, what="the holder to leave its block")
+        assert result.read_text() == "LockLost"
+    finally:
+        proc.kill()
+        proc.join()
+
+
+def test_clear_names_only_those(backend_kind):
+    handles = {n: lock(n, timeout=0) for n in ["n:1", "n:2", "n:3", "n:10"]}
+    for h in handles.values():
+        assert h.acquire()
+    out, _ = run("clear", "n:1", "n:10", "n:missing", "--noinput")
+    assert "Cleared 2 lock(s)." in out
+    assert sorted(r["name"] for r in listed_json()) == ["n:2", "n:3"]
+    for name, h in handles.items():
+        if name in ("n:1", "n:10"):
+            with pytest.raises(LockLost):
+                h.release()
+        else:
+            h.release()
+
+
+def test_clear_prefix_is_literal(backend_kind):
+    keep = [lock(n, timeout=0) for n in ["p-x", "pa", "p?"]]
+    gone = [lock(n, timeout=0) for n in ["p*", "p*1"]]
+    for h in keep + gone:
+        assert h.acquire()
+    out, _ = run("clear", "--prefix", "p*", "--noinput")
+    assert "Cleared 2 lock(s)." in out
+    assert sorted(r["name"] for r in listed_json()) == ["p-x", "p?", "pa"]
+    for h in keep:
+        h.release()
+    for h in gone:
+        with pytest.raises(LockLost):
+            h.release()
+
+
+def test_clear_leaves_a_lock_taken_again_meanwhile(backend_kind, monkeypatch):
+    first = lock("re:taken", timeout=0)
+    assert first.acquire()
+    second = lock("re:taken", timeout=0)
+
+    def answer(prompt):
+        # Between listing and clearing: the holder leaves, another takes it.
+        assert "re:taken" in prompt
+        first.release()
+        assert second.acquire()
+        return "yes"
+
+    monkeypatch.setattr("builtins.input", answer)
+    out, _ = run("clear", "re:taken")
+    assert "Cleared 0 lock(s)" in out
+    assert "taken again" in out
+    assert second.locked()
+    second.release()
+
+
+def test_clear_never_resets_fencing(backend_kind):
+    with pytest.raises(LockLost), lock("fence:me", timeout=0) as held:
+        before = held.fencing_token
+        run("clear", "--all", "--noinput")
+    with lock("fence:me", timeout=0) as again:
+        assert again.fencing_token > before
+
+
+def test_confirmation(backend_kind, monkeypatch):
+    monkeypatch.setattr("builtins.input", lambda prompt: "no")
+    with lock("ask:me", timeout=0) as held:
+        with pytest.raises(CommandError, match="Nothing cleared"):
+            run("clear", "--all")
+        assert held.locked()
+
+    def eof(prompt):
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", eof)
+    with lock("ask:me", timeout=0) as held:
+        with pytest.raises(CommandError, match="--noinput"):
+            run("clear", "ask:me")
+        assert held.locked()
+
+
+def test_stale_never_touches_a_live_lease(backend_kind):
+    with lock("live:one", timeout=0, ttl=5) as held:
+        out, _ = run("clear", "--stale", "--noinput")
+        assert "stale lock(s)" in out
+        assert held.locked()
+
+
+def test_user_mistakes_are_command_errors(backend_kind):
+    for args in [
+        ("clear", "--noinput"),
+        ("clear", "x", "--all", "--noinput"),
+        ("clear", "--prefix", "a", "--stale", "--noinput"),
+        ("clear", "--all", "--using", "nope", "--noinput"),
+    ]:
+        with pytest.raises(CommandError):
+            run(*args)
+    with pytest.raises(CommandError):
+        run("list", "--format", "xml")
+    with pytest.raises(CommandError):
+        run()
+
+
+def test_clear_all_stays_inside_key_prefix(redis_server, redis_url):
+    client = redis_server.client()
+    client.set("distlock", "bare")
+    client.set("distlockx:{abc}", "near miss")
+    client.set("unrelated", "keep")
+    other = {**redis_locks(redis_url)["default"], "KEY_PREFIX": "other"}
+    setting = {**redis_locks(redis_url), "other": other}
+    with override_settings(LOCKS=setting):
+        mine = [lock("mine", timeout=0), lock("mine:2", timeout=0)]
+        theirs = lock("theirs", using="other", timeout=0)
+        for h in [*mine, theirs]:
+            assert h.acquire()
+        before = set(client.keys("*"))
+        out, _ = run("clear", "--all", "--using", "default", "--noinput")
+        assert "Cleared 2 lock(s)." in out
+        assert theirs.locked()
+        after = set(client.keys("*"))
+        assert {b"distlock", b"distlockx:{abc}", b"unrelated"} <= after
+        assert before - after
+        assert all(k.startswith(b"distlock:") for k in before - after)
+        for h in mine:
+            with pytest.raises(LockLost):
+                h.release()
+        theirs.release()
+
+
+def test_clear_on_unreachable_backend_fails_cleanly():
+    with override_settings(LOCKS=down_locks()):
+        with pytest.raises(CommandError, match="Could not reach"):
+            run("clear", "--all", "--noinput")
+
+
+# -- scale ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_list_100k_holders_on_redis(redis_server, redis_url):
+    count = int(os.environ.get("DISTLOCK_SCALE", "100000"))
+    fill_redis(redis_url, "bulk:", count)
+    with override_settings(LOCKS=redis_locks(redis_url)):
+        started = time.perf_counter()
+        out, _ = run("list", "--format", "json")
+        json_time = time.perf_counter() - started
+        assert len(json.loads(out)) == count
+        started = time.perf_counter()
+        out, _ = run("list")
+        table_time = time.perf_counter() - started
+        assert f"{count} lock(s) held." in out
+        started = time.perf_counter()
+        out, _ = run("list", "--prefix", "bulk:9999")
+        prefix_time = time.perf_counter() - started
+        print(
+            f"\nlocks list with {count} holders: json {json_time:.2f} s, "
+            f"table {table_time:.2f} s, --prefix {prefix_time:.2f} s"
+        )
+        # Liveness only (shared 2-core machine): minutes would mean KEYS-like
+        # blocking or a round trip per key.
+        assert json_time < 120
+        if count >= 100_000:
+            assert redis_server.client().dbsize() >= count
