@@ -15,6 +15,7 @@ from .core import alternate, cycles
 
 SINGLE = "single-node floor (1 Redis)"
 FANOUT = "raw pipelined fan-out, 5 nodes"
+OWN_SCRIPTS = "raw fan-out of django_distlock's own scripts (diagnostic)"
 DISTLOCK = "django_distlock Redlock backend, 5 nodes"
 POTTERY = "pottery Redlock, 5 masters"
 
@@ -55,6 +56,66 @@ def fanout_cycle(urls: list[str], key: str):
     return cycle
 
 
+def own_scripts_cycle(urls: list[str], backend):
+    """Return a raw fan-out replaying the backend's own commands, or None.
+
+    A diagnostic that splits the backend's cost into what its commands (Lua
+    scripts) cost the servers, five of them sharing the machine's cores with
+    the client, and what its Python side adds. One real acquire + release is
+    recorded (the steps its algorithm yields), then replayed with a fresh
+    token per cycle through the same bare sockets as the fan-out floor. It
+    leans on the backend's internals; if they change shape, the row is left
+    out rather than guessed.
+    """
+    import redis
+
+    try:
+        steps: list[list[tuple]] = []
+
+        def tap(gen):
+            result = None
+            try:
+                while True:
+                    step = gen.send(result)
+                    steps.append(list(getattr(step, "commands", None) or []))
+                    result = yield step
+            except StopIteration as stop:
+                return stop.value
+
+        name = "bench:r:own-scripts"
+        lease = backend._run(tap(backend._acquire_steps(name, TTL_MS / 1000, 0)))
+        if lease is None or not backend._run(tap(backend._release_steps(lease))):
+            raise RuntimeError("recording cycle failed")
+        if len(steps) != 2 or not all(steps):
+            raise RuntimeError(f"expected 2 fan-out steps, recorded {len(steps)}")
+        conns = []
+        for url in urls:
+            kwargs = redis.connection.parse_url(url)
+            conn = redis.Connection(host=kwargs["host"], port=kwargs["port"])
+            conn.connect()
+            conns.append(conn)
+        recorded = lease.token
+
+        def cycle():
+            tok = token()
+            for commands in steps:
+                for conn in conns:
+                    for command in commands:
+                        conn.send_command(
+                            *(tok if a == recorded else a for a in command)
+                        )
+                for conn in conns:
+                    for _ in commands:
+                        conn.read_response()
+
+        for _ in range(3):
+            cycle()
+        return cycle
+    except Exception as e:  # the internals moved: leave the row out
+        print(f"  (diagnostic row left out: {type(e).__name__}: {e})")
+        return None
+
+
 def run(ctx) -> dict:
     import redis
     from pottery import Redlock
@@ -79,6 +140,17 @@ def run(ctx) -> dict:
         DISTLOCK: cycles(distlock),
         POTTERY: cycles(pottery),
     }
+    from django_distlock import locks
+
+    own = own_scripts_cycle(ctx.redlock_urls, locks["quorum"])
+    if own is not None:
+        runners = {
+            SINGLE: runners[SINGLE],
+            FANOUT: runners[FANOUT],
+            OWN_SCRIPTS: cycles(own),
+            DISTLOCK: runners[DISTLOCK],
+            POTTERY: runners[POTTERY],
+        }
     series = alternate(
         runners,
         rounds=ctx.size(full=12, quick=2),

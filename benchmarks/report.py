@@ -308,7 +308,11 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             ANCHOR_REDLOCK,
             "Uncontended cycle; the floor here is the raw pipelined fan-out "
             "(`SET NX PX` to all five sockets, read all replies; then the same "
-            "for `EVALSHA` compare-and-delete).",
+            "for `EVALSHA` compare-and-delete). The diagnostic row replays the "
+            "commands django_distlock's backend sends (recorded from one real "
+            "cycle) through the same bare sockets: the gap between it and the "
+            "floor is what those scripts cost the servers, the gap between it "
+            "and the backend is the backend's Python side.",
         )
         lines += image("redlock", "Redlock on five nodes")
     if "database" in results:
