@@ -13,7 +13,8 @@ from .servers import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+# Not marked slow: CI runs it with the rest of the suite (about 45 s).
+pytestmark = pytest.mark.redis
 
 
 def test_quick_benchmark_run_completes(tmp_path):
