@@ -13,16 +13,17 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .core import pct
 
-DISTLOCK = "django_distlock"
+DISTLOCK = "django_distlock, auto_renew on (default)"
+DISTLOCK_NORENEW = "django_distlock, auto_renew off"
 REDISPY = "redis-py Lock, sleep 0.1 s"
 REDISPY_FAST = "redis-py Lock, sleep 1 ms"
 PRL = "python-redis-lock"
 POTTERY = "pottery Redlock, 1 master"
-CONTENDERS = [DISTLOCK, REDISPY, REDISPY_FAST, PRL, POTTERY]
+CONTENDERS = [DISTLOCK, DISTLOCK_NORENEW, REDISPY, REDISPY_FAST, PRL, POTTERY]
 WORKERS = 4
 TTL = 30
 
@@ -31,11 +32,14 @@ def _make(kind: str, url: str):
     """Return ``cycle_parts(name) -> (acquire, release)`` for a contender."""
     import redis
 
-    if kind == DISTLOCK:
+    if kind in (DISTLOCK, DISTLOCK_NORENEW):
         from django_distlock import lock
 
+        # The default (auto_renew on) is the row the targets are read from.
+        renew = kind == DISTLOCK
+
         def parts(name):
-            held = lock(name, ttl=TTL, timeout=30)
+            held = lock(name, ttl=TTL, timeout=30, auto_renew=renew)
             return (lambda: held.acquire() or _fail(name)), held.release
 
         return parts
@@ -138,6 +142,7 @@ class Outcome:
     lost_updates: int
     overlaps: int
     waits_ms: list[float]
+    round_cycles_per_s: list[float] = field(default_factory=list)
 
 
 def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
@@ -184,6 +189,7 @@ def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
         lost_updates=total - counter_value,
         overlaps=overlaps,
         waits_ms=waits,
+        round_cycles_per_s=[len(in_window) / window_s],
     )
 
 
@@ -214,6 +220,7 @@ def merge(outcomes: list[Outcome]) -> Outcome:
         lost_updates=sum(o.lost_updates for o in outcomes),
         overlaps=sum(o.overlaps for o in outcomes),
         waits_ms=waits,
+        round_cycles_per_s=[c for o in outcomes for c in o.round_cycles_per_s],
     )
 
 
@@ -237,8 +244,8 @@ def run(ctx) -> dict:
         index, _, error = results.get(timeout=180)
         if error:
             raise RuntimeError(f"worker {index} failed to start: {error}")
-    rounds = ctx.size(full=2, quick=1)
-    window = ctx.size(full=4.0, quick=0.5)
+    rounds = ctx.size(full=3, quick=1)
+    window = ctx.size(full=3.0, quick=0.5)
     by_name: dict[str, list[Outcome]] = {n: [] for n in CONTENDERS}
     try:
         for r in range(rounds):
