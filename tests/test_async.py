@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from django.test import override_settings
@@ -161,3 +162,28 @@ def test_cancelled_waiter_leaves_no_trace(redis_server):
         return got
 
     assert asyncio.run(scenario()) is True
+
+
+def test_async_renewal_does_not_queue_behind_sync_work():
+    from asgiref.sync import sync_to_async
+
+    async def scenario():
+        async with lock("x", ttl=TTL) as held:
+            # Occupy the thread-sensitive executor (where sync views run)
+            # for three ttls; the renewal must not wait for it.
+            await sync_to_async(time.sleep, thread_sensitive=True)(TTL * 3)
+            assert not held.lease.lost
+            assert await held.alocked()
+
+    asyncio.run(scenario())
+
+
+def test_async_renewal_recovers_after_script_flush(redis_server):
+    async def scenario():
+        async with lock("x", ttl=TTL) as held:
+            redis_server.client().script_flush()
+            await asyncio.sleep(TTL * 2)
+            assert not held.lease.lost
+            assert await held.alocked()
+
+    asyncio.run(scenario())

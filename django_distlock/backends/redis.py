@@ -573,19 +573,58 @@ class RedisLockBackend(BaseLockBackend):
         sent = time.monotonic()
         try:
             pipe = self.client.pipeline(transaction=False)
-            for lease in leases:
-                pipe.evalsha(
-                    EXTEND.sha,
-                    1,
-                    self.keys_for(lease.name).lease,
-                    lease.token,
-                    _ms(lease.ttl),
-                )
+            self._queue_renewals(pipe, leases)
             replies = pipe.execute(raise_on_error=False)
         except redis.exceptions.RedisError:
             return [None] * len(leases)
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             return super().renew(leases)
+        return self._renewed(leases, replies, sent)
+
+    async def arenew(self, leases) -> list[bool | None]:
+        """Async twin of :meth:`renew`, on the event loop's own client.
+
+        Native, not ``sync_to_async``: a renewal must not queue behind
+        synchronous work (e.g. sync views sharing the thread-sensitive
+        executor) while the lease runs out.
+        """
+        import redis
+
+        if type(self).renew is not RedisLockBackend.renew:
+            # A subclass renews its own way: keep its semantics.
+            return await super().arenew(leases)
+        leases = list(leases)
+        if not leases:
+            return []
+        sent = time.monotonic()
+        try:
+            pipe = self.aclient().pipeline(transaction=False)
+            self._queue_renewals(pipe, leases)
+            replies = await pipe.execute(raise_on_error=False)
+        except redis.exceptions.RedisError:
+            return [None] * len(leases)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            results: list[bool | None] = []
+            for lease in leases:
+                try:
+                    results.append(await self.aextend(lease, lease.ttl))
+                except Exception:
+                    results.append(None)
+            return results
+        return self._renewed(leases, replies, sent)
+
+    def _queue_renewals(self, pipe, leases: list[Lease]) -> None:
+        for lease in leases:
+            pipe.evalsha(
+                EXTEND.sha,
+                1,
+                self.keys_for(lease.name).lease,
+                lease.token,
+                _ms(lease.ttl),
+            )
+
+    @staticmethod
+    def _renewed(leases: list[Lease], replies, sent: float) -> list[bool | None]:
         results: list[bool | None] = []
         for lease, reply in zip(leases, replies):
             if isinstance(reply, Exception):
