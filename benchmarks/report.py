@@ -181,7 +181,9 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
                     f"{m['count']:,} held locks: `manage.py locks list` < 2 s",
                     f"{slowest:.2f} s",
                     f"json {m['list_json_s']:.2f} s, table {m['list_table_s']:.2f} s"
-                    f" (whole process); in-process {m['list_inprocess_s']:.2f} s",
+                    f" (whole process); in-process {m['list_inprocess_s']:.2f} s; "
+                    "bare Django process start "
+                    f"{m.get('django_startup_s', float('nan')):.2f} s",
                     slowest < scale.LIST_TARGET_S,
                 )
             )
@@ -340,6 +342,10 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             f"| Redis memory per django_distlock lease | {m['distlock_bytes']:.0f} B |",
             f"| taking them (8 threads, public API) | {m['acquire_s']:.1f} s |",
         ]
+        if "holders_s" in m:
+            lines.append(
+                f"| iterating the backend's `holders()` | {m['holders_s']:.2f} s |"
+            )
         if "list_json_s" in m:
             lines += [
                 f"| `manage.py locks list --format json` (whole process) "
@@ -349,6 +355,11 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
                 f"| `call_command('locks', 'list')` in process "
                 f"| {m['list_inprocess_s']:.2f} s |",
             ]
+            if "django_startup_s" in m:
+                lines.append(
+                    "| a bare process start with `django.setup()` (for scale) "
+                    f"| {m['django_startup_s']:.2f} s |"
+                )
         if "admin_p50_ms" in m:
             lines += [
                 f"| admin changelist, first request | {m['admin_first_ms']:.0f} ms |",

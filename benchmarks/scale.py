@@ -66,6 +66,14 @@ def run(ctx) -> dict:
     out["ratio"] = out["distlock_bytes"] / out["bare_bytes"]
     ctx.progress(f"{count} leases held")
 
+    # What listing costs the backend alone (no formatting, no process start).
+    from django_distlock import locks
+
+    started = time.monotonic()
+    listed = sum(1 for _ in locks["default"].holders())
+    out["holders_s"] = time.monotonic() - started
+    if listed != count:
+        raise RuntimeError(f"holders() listed {listed} locks, not {count}")
     if ctx.has_locks_command:
         out.update(_locks_list(ctx, count))
         ctx.progress("locks list timed")
@@ -106,6 +114,16 @@ def _locks_list(ctx, count: int) -> dict:
         cwd=ctx.root,
     )
     wall_table = time.monotonic() - started
+    # The same process start with nothing to do: Django's own share.
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=env,
+        check=True,
+        timeout=120,
+        cwd=ctx.root,
+    )
+    startup = time.monotonic() - started
     started = time.monotonic()
     call_command(
         "locks", "list", "--using", "default", "--format", "json", stdout=io.StringIO()
@@ -115,6 +133,7 @@ def _locks_list(ctx, count: int) -> dict:
         "list_json_s": wall,
         "list_table_s": wall_table,
         "list_inprocess_s": inproc,
+        "django_startup_s": startup,
     }
 
 
