@@ -91,8 +91,9 @@ def test_acquire_sets_the_lease_on_every_node_and_release_clears_it(nodes):
     assert lease is not None
     key = backend.keys_for("a")[0]
     for server in nodes:
-        assert server.client().hget(key, "t") == lease.token.encode()
-        assert int(server.client().hget(key, "f")) == lease.fencing_token
+        token, fence, _holder = server.client().get(key).split(b"\n", 2)
+        assert token == lease.token.encode()
+        assert int(fence) == lease.fencing_token
     assert backend.acquire("a", 5, 0) is None  # contention: None, not an error
     assert backend.release(lease) is True
     for server in nodes:
@@ -115,7 +116,7 @@ def test_partial_acquisition_is_undone_everywhere(nodes):
     key = backend.keys_for("p")[0]
     # Someone else holds the lock on 3 nodes: we can get only 2.
     for server in nodes[:3]:
-        server.client().hset(key, mapping={"t": "other", "f": 1})
+        server.client().set(key, b"other\n1\n" + pack_meta("p", "h", 1, "t", 0))
         server.client().pexpire(key, 10_000)
     assert backend.acquire("p", 5, 0) is None
     for server in nodes[3:]:
@@ -137,9 +138,7 @@ def test_holders_need_a_quorum_and_force_release(nodes):
     # A lease on a minority of nodes is not a holder.
     key = backend.keys_for("minority")[0]
     for server in nodes[:2]:
-        server.client().hset(
-            key, mapping={"t": "x", "f": 1, "m": pack_meta("m", "h", 1, "t", 0)}
-        )
+        server.client().set(key, b"x\n1\n" + pack_meta("m", "h", 1, "t", 0))
         server.client().pexpire(key, 10_000)
     assert [h.name for h in backend.holders()] == [name]
     assert backend.force_release(name, "not-the-token") is False
@@ -380,7 +379,8 @@ def test_disagreeing_nodes_commit_the_token_to_a_majority(nodes):
     # Made visible on every node that holds the lease, before returning.
     for server in nodes:
         assert int(server.client().get(counter)) == 2**52 + 1
-        assert int(server.client().hget(backend.keys_for("c")[0], "f")) == 2**52 + 1
+        value = server.client().get(backend.keys_for("c")[0])
+        assert int(value.split(b"\n")[1]) == 2**52 + 1
     backend.release(lease)
     nodes[0].restart()  # the node that had it loses everything
     again = backend.acquire("c", 5, 5)

@@ -15,12 +15,13 @@ as generators that yield steps (like the single-instance backend) and driven
 by a synchronous executor (redis-py connections, one per node and thread) or
 an asyncio one (``redis.asyncio`` connections, one per node and task).
 
-Per node, a lock uses the single-instance layout (:class:`~.redis.LockKeys`):
-the lease hash ``<prefix>:{<digest>}`` plus ``:c`` (fencing counter), ``:z``
+Per node, a lock uses the single-instance key names (:class:`~.redis.LockKeys`):
+the lease ``<prefix>:{<digest>}`` (a string ``<token>\n<fence>\n<holder>``,
+so a grant is one ``SET NX PX``), plus ``:c`` (fencing counter), ``:z``
 (registered waiters) and ``:w`` (wake list), all under one hash tag.
 
 Fencing tokens: see ``docs/backends/redlock.md``. In short, a node grants with
-``max(counter + 1, server_seconds * 2**20)``; the token is the largest value
+``max(counter + 1, caller_seconds * 2**20)``; the token is the largest value
 among the granting nodes, and it is stored on a majority of nodes that hold
 the lease *before* the acquisition returns (a second round trip only when the
 nodes did not already agree), so every later acquisition, whose majority
@@ -34,7 +35,6 @@ import json
 import math
 import os
 import random
-import select
 import threading
 import time
 import weakref
@@ -54,9 +54,11 @@ __all__ = ["RedlockBackend"]
 ACQUIRE = load_script("redlock_acquire.lua")
 COMMIT = load_script("redlock_commit.lua")
 RELEASE = load_script("redlock_release.lua")
-EXTEND = load_script("redis_extend.lua")
+EXTEND = load_script("redlock_extend.lua")
 SCRIPTS = (ACQUIRE, COMMIT, RELEASE, EXTEND)
 
+#: Fencing tokens are at least ``unix_seconds << FENCE_SHIFT``.
+FENCE_SHIFT = 20
 #: How long a release reserves the lock for the registered waiters (ms).
 RESERVATION_MS = 50
 #: How long a wake signal nobody took stays in the wake list (ms).
@@ -442,32 +444,23 @@ class RedlockBackend(BaseLockBackend):
                     conn.connect()
                     prelude = self._prelude_len
                 if packed is None:
-                    packed = conn.pack_commands(step.commands)
+                    packed = b"".join(conn.pack_commands(step.commands))
+                sock = conn._sock
                 if prelude:
-                    conn.send_packed_command(
-                        conn.pack_commands(_prelude()) + packed, check_health=False
-                    )
+                    sock.sendall(b"".join(conn.pack_commands(_prelude())) + packed)
                 else:
-                    conn.send_packed_command(packed, check_health=False)
-                sent[conn._sock.fileno()] = (i, conn, prelude)
+                    sock.sendall(packed)
+                sent[sock.fileno()] = (i, conn, prelude)
             except (redis.exceptions.RedisError, OSError) as e:
                 results[i] = _Failed(e)
                 self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError), e)
+        # Read in sending order, each read bounded by what is left of the one
+        # deadline: the replies travel in parallel, so by the time the first
+        # one is in the others usually are too, and a stopped node costs at
+        # most one NODE_TIMEOUT in total, however many nodes are stopped.
         deadline = time.monotonic() + self.node_timeout
-        poller = select.poll()
-        for fd in sent:
-            poller.register(fd, select.POLLIN)
-        while sent:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for fd, _event in poller.poll(remaining * 1000):
-                i, conn, prelude = sent.pop(fd)
-                poller.unregister(fd)
-                results[i] = self._read(i, conn, prelude, step)
-        for i, conn, _prelude_n in sent.values():
-            results[i] = _Failed("timed out")
-            self._drop(i, conn, True)
+        for i, conn, prelude in sent.values():
+            results[i] = self._read(i, conn, prelude, step, deadline)
         return results
 
     @staticmethod
@@ -478,28 +471,34 @@ class RedlockBackend(BaseLockBackend):
             return _Failed("restarted recently (RESTART_DELAY)")
         return replies
 
-    def _read(self, i: int, conn, prelude: int, step: Fanout):
+    def _read(self, i: int, conn, prelude: int, step: Fanout, deadline: float):
         import redis
 
         node = self.nodes[i]
+        # The parser directly: it hands error replies back as values, so the
+        # connection stays in step whatever a node answers.
+        parser = conn._parser
+        half = self.node_timeout / 2
+
+        def read():
+            left = deadline - time.monotonic()
+            if left > half:
+                # The socket's own timeout (NODE_TIMEOUT) is close enough:
+                # no settimeout() system calls on the fast path.
+                return parser.read_response()
+            return parser.read_response(timeout=max(left, 0.0001))
+
         try:
             if prelude:
-                node.seen(conn.read_response(), self.restart_delay)
+                node.seen(read(), self.restart_delay)
                 for _ in range(prelude - 1):
-                    conn.read_response()
-            replies = []
-            failed = None
-            for _ in range(len(step.commands)):
-                try:
-                    replies.append(conn.read_response())
-                except redis.exceptions.ResponseError as e:
-                    # Keep reading: the connection stays in step.
-                    replies.append(e)
-                    failed = e
-            if failed is not None:
-                if isinstance(failed, redis.exceptions.NoScriptError):
-                    conn.disconnect()  # reconnecting reloads the scripts
-                return _Failed(failed)
+                    read()
+            replies = [read() for _ in step.commands]
+            for reply in replies:
+                if isinstance(reply, redis.exceptions.ResponseError):
+                    if isinstance(reply, redis.exceptions.NoScriptError):
+                        conn.disconnect()  # reconnecting reloads the scripts
+                    return _Failed(reply)
             return self._unless_quarantined(node, step, replies)
         except (redis.exceptions.RedisError, OSError) as e:
             self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
@@ -746,6 +745,7 @@ class RedlockBackend(BaseLockBackend):
                         ttl_ms,
                         meta,
                         live_ms,
+                        int(time.time()) << FENCE_SHIFT,
                         self.fence_retention_ms,
                     )
                 ],
@@ -912,9 +912,13 @@ class RedlockBackend(BaseLockBackend):
         return outcomes
 
     def _is_held_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
-        results = yield Fanout([("HGET", self.keys_for(lease.name)[0], "t")])
-        token = lease.token.encode()
-        held = sum(1 for r in results if not isinstance(r, _Failed) and r[0] == token)
+        results = yield Fanout([("GET", self.keys_for(lease.name)[0])])
+        mine = lease.token.encode() + b"\n"
+        held = sum(
+            1
+            for r in results
+            if not isinstance(r, _Failed) and r[0] and r[0].startswith(mine)
+        )
         if held >= self.quorum:
             return True
         failed = sum(1 for r in results if isinstance(r, _Failed))
@@ -980,22 +984,23 @@ class RedlockBackend(BaseLockBackend):
         for i in range(len(self.nodes)):
             client = self._node_client(i)
             try:
-                keys = list(client.scan_iter(match=pattern, count=1000, _type="HASH"))
+                keys = list(client.scan_iter(match=pattern, count=1000, _type="STRING"))
                 for start in range(0, len(keys), 500):
                     batch = keys[start : start + 500]
                     pipe = client.pipeline(transaction=False)
                     for key in batch:
-                        pipe.hgetall(key)
+                        pipe.get(key)
                         pipe.pttl(key)
                     replies = pipe.execute()
                     now = time.time()
                     for k, key in enumerate(batch):
-                        fields, pttl = replies[2 * k], replies[2 * k + 1]
-                        if not fields or b"t" not in fields or pttl is None:
-                            continue
+                        value, pttl = replies[2 * k], replies[2 * k + 1]
+                        parts = (value or b"").split(b"\n", 2)
+                        if len(parts) < 3 or pttl is None:
+                            continue  # gone, or a reservation
                         expires = now + pttl / 1000 if pttl > 0 else None
-                        seen.setdefault((key, fields[b"t"]), []).append(
-                            (fields, expires)
+                        seen.setdefault((key, parts[0]), []).append(
+                            (int(parts[1]), parts[2], expires)
                         )
             except redis.exceptions.RedisError:
                 failed += 1
@@ -1009,16 +1014,17 @@ class RedlockBackend(BaseLockBackend):
         for (_key, token), copies in seen.items():
             if len(copies) < self.quorum:
                 continue
-            fields = copies[0][0]
-            name, host, pid, thread, acquired = unpack_meta(fields.get(b"m", b""))
+            name, host, pid, thread, acquired = unpack_meta(copies[0][1])
             if not name.startswith(prefix):
                 continue
             # Held until fewer than a quorum of nodes still hold it.
-            expiries = sorted((e for _f, e in copies if e is not None), reverse=True)
+            expiries = sorted(
+                (e for _f, _m, e in copies if e is not None), reverse=True
+            )
             expires = (
                 expiries[self.quorum - 1] if len(expiries) >= self.quorum else None
             )
-            fences = [int(f[b"f"]) for f, _e in copies if f.get(b"f")]
+            fence = max(f for f, _m, _e in copies)
             yield Holder(
                 backend=self.alias,
                 name=name,
@@ -1032,7 +1038,7 @@ class RedlockBackend(BaseLockBackend):
                 expires_at=datetime.fromtimestamp(expires, timezone.utc)
                 if expires
                 else None,
-                fencing_token=max(fences) if fences else None,
+                fencing_token=fence,
             )
 
     def force_release(self, name: str, token: str) -> bool:

@@ -1,13 +1,16 @@
 -- Redlock, one node: delete the lease if it is still ARGV[1]'s; if waiters
 -- are registered, reserve the lock for them briefly and wake one of them.
 --
--- KEYS[1] lease hash  KEYS[2] waiters (zset token -> expiry ms)  KEYS[3] wake list
+-- KEYS[1] lease (string "<token>\n<fence>\n...")  KEYS[2] waiters (zset)
+-- KEYS[3] wake list
 -- ARGV[1] token  ARGV[2] reservation ms  ARGV[3] wake list lifetime ms
 --
 -- Returns 0: not held by ARGV[1] (expired, taken over or cleared): nothing done.
 --         1: released, nobody waiting.
---         2: released, a waiter was woken.
-if redis.call('hget', KEYS[1], 't') ~= ARGV[1] then
+--         2: released, reserved for the waiters and one of them woken.
+local current = redis.call('get', KEYS[1])
+local mine = ARGV[1] .. '\n'
+if not current or string.sub(current, 1, #mine) ~= mine then
   return 0
 end
 redis.call('del', KEYS[1])
@@ -15,15 +18,14 @@ if redis.call('exists', KEYS[2]) == 0 then
   return 1
 end
 local now = redis.call('time')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 redis.call('zremrangebyscore', KEYS[2], '-inf', now_ms)
 if redis.call('zcard', KEYS[2]) == 0 then
   return 1
 end
--- The reservation (a lease hash with no holder) lets only registered waiters
--- in, so a releaser that loops cannot starve them.
-redis.call('hset', KEYS[1], 'r', '1')
-redis.call('pexpire', KEYS[1], ARGV[2])
+-- The reservation (an empty lease) lets only registered waiters in, so a
+-- releaser that loops cannot starve them.
+redis.call('set', KEYS[1], '', 'px', ARGV[2])
 -- One signal: one waiter wakes, not a herd. A waiter that blocks after this
 -- finds the signal still there.
 redis.call('del', KEYS[3])
