@@ -519,6 +519,25 @@ class LockBackendContract:
 
         asyncio.run(scenario())
 
+    def test_async_waiter_woken_by_release_from_another_task(self, name):
+        async def scenario():
+            loop = asyncio.get_running_loop()
+            holder = lock(name)
+            assert await holder.aacquire()
+
+            async def waiter():
+                async with lock(name, timeout=20):
+                    return loop.time()
+
+            task = asyncio.create_task(waiter())
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            released = loop.time()
+            await holder.arelease()  # must not queue behind the waiter
+            return await task - released
+
+        assert asyncio.run(scenario()) < 2.0
+
     def test_async_auto_renew(self, name):
         async def scenario():
             async with lock(name, ttl=self.renew_ttl) as held:

@@ -236,8 +236,13 @@ class BaseLockBackend:
     async def aacquire(
         self, name: str, ttl: float, timeout: float | None
     ) -> Lease | None:
-        """Async twin of :meth:`acquire`."""
-        return await sync_to_async(self.acquire, thread_sensitive=True)(
+        """Async twin of :meth:`acquire`.
+
+        Not thread-sensitive: a waiting acquire blocks its thread, and on the
+        one thread-sensitive thread it would block the holder's ``arelease``
+        queued behind it (a deadlock until the timeout).
+        """
+        return await sync_to_async(self.acquire, thread_sensitive=False)(
             name, ttl, timeout
         )
 
@@ -254,5 +259,9 @@ class BaseLockBackend:
         return await sync_to_async(self.is_held, thread_sensitive=True)(lease)
 
     async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
-        """Async twin of :meth:`renew`."""
-        return await sync_to_async(self.renew, thread_sensitive=True)(list(leases))
+        """Async twin of :meth:`renew`.
+
+        Not thread-sensitive: a renewal must not queue behind synchronous
+        work (sync views) while its leases run out.
+        """
+        return await sync_to_async(self.renew, thread_sensitive=False)(list(leases))

@@ -118,6 +118,21 @@ class LocMemLockBackend(BaseLockBackend):
         with self._table.cond:
             return self._mine(lease) is not None
 
+    # In-memory and non-blocking: the async twins run inline (no thread hop),
+    # except aacquire, which may wait (the base class runs it in a thread).
+
+    async def arelease(self, lease):
+        return self.release(lease)
+
+    async def aextend(self, lease, ttl):
+        return self.extend(lease, ttl)
+
+    async def ais_held(self, lease):
+        return self.is_held(lease)
+
+    async def arenew(self, leases):
+        return self.renew(leases)
+
     def holders(self, prefix=""):
         now_mono, now = time.monotonic(), time.time()
         with self._table.cond:
