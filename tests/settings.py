@@ -15,6 +15,9 @@ USE_TZ = True
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The live server (tests/test_browser.py) serves static and media URLs: they
+# must be set.
+STATIC_URL = "/static/"
 
 try:  # MariaDB through the pure-Python driver
     import pymysql
