@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import redis
 from django.test import override_settings
 
 from django_distlock import LockBackendError, LockLost, backends, lock, locks
-from django_distlock.backends.redis import RELEASE
+from django_distlock.backends.redis import ACQUIRE, RELEASE
 
 from . import workers
 from .conftest import redis_locks
@@ -78,6 +79,27 @@ class TestUnreachable:
             took, error = _elapsed(lambda: lock("y", timeout=5).acquire())
             assert isinstance(error, LockBackendError), error
             assert took < 1.0
+
+    def test_server_dies_under_a_waiter(self, own_server):
+        with override_settings(LOCKS=_settings(own_server.url)):
+            holder = lock("x", auto_renew=False)
+            holder.acquire()
+            errors = []
+
+            def wait():
+                try:
+                    lock("x", timeout=20).acquire()
+                except BaseException as e:  # noqa: BLE001 - checked below
+                    errors.append(e)
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.3)  # blocked in BLPOP by now
+            own_server.kill()
+            waiter.join(10)
+            assert not waiter.is_alive()
+            (error,) = errors
+            assert isinstance(error, LockBackendError), error
 
     def test_paused_server_times_out(self, own_server):
         with override_settings(LOCKS=_settings(own_server.url, SOCKET_TIMEOUT=0.5)):
@@ -269,6 +291,46 @@ class TestWaiters:
             assert sorted(client.keys("*")) == [holder_key(backend, "x")]
             holder.release()
             assert lock("x", timeout=0).acquire()
+
+    def test_interrupted_after_taking_the_lock_gives_it_back(self, redis_url):
+        with override_settings(LOCKS=_settings(redis_url)):
+            backend = locks["default"]
+            original = backend._execute
+
+            def reply_lost(command):
+                result = original(command)
+                if command[1] is ACQUIRE:
+                    raise KeyboardInterrupt  # after the server took the lock
+                return result
+
+            backend._execute = reply_lost
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    lock("x", timeout=0).acquire()
+            finally:
+                del backend._execute
+            assert lock("x", timeout=0).acquire()
+
+    def test_cancelled_aacquire_gives_the_lock_back(self, redis_url):
+        with override_settings(LOCKS=_settings(redis_url)):
+            backend = locks["default"]
+            original = backend._aexecute
+
+            async def reply_lost(command):
+                result = await original(command)
+                if command[1] is ACQUIRE:
+                    raise asyncio.CancelledError
+                return result
+
+            backend._aexecute = reply_lost
+
+            async def scenario():
+                with pytest.raises(asyncio.CancelledError):
+                    await lock("x", timeout=0).aacquire()
+                del backend._aexecute
+                return await lock("x", timeout=0).aacquire()
+
+            assert asyncio.run(scenario()) is True
 
     def test_killed_waiter_process_delays_others_at_most_its_ttl(
         self, redis_url, redis_server

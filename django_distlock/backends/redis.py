@@ -452,26 +452,24 @@ class RedisLockBackend(BaseLockBackend):
 
         sent = start
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
-        acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
-        if not acquired:
-            wake = keys.wake_prefix + token
-            try:
+        try:
+            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            if not acquired:
                 acquired, value, sent = yield from self._wait_steps(
-                    keys, args, token, wake, value, sent, deadline, blocking
+                    keys, args, token, value, sent, deadline, blocking
                 )
-            except BaseException:
-                # Interrupted (cancelled task, KeyboardInterrupt...) while
-                # queued: leave the queue, give back a lease handed over.
-                if blocking:
-                    got, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-                    if got:
-                        yield (
-                            "eval",
-                            RELEASE,
-                            keys.triple,
-                            [token, keys.wake_prefix],
-                        )
-                raise
+        except GeneratorExit:
+            raise  # closed by the executor: no clean-up wanted (backend down)
+        except BaseException:
+            # Interrupted (a cancelled task, KeyboardInterrupt...) after the
+            # request may have reached the server: leave the waiter queue, and
+            # give back a lease taken or handed over meanwhile, so that nobody
+            # waits a whole ttl for a caller that is gone.
+            wake = keys.wake_prefix + token
+            got, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+            if got:
+                yield ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+            raise
         if not acquired:
             return None
         return Lease(
@@ -484,10 +482,11 @@ class RedisLockBackend(BaseLockBackend):
         )
 
     def _wait_steps(
-        self, keys, args, token, wake, value, sent, deadline, blocking
+        self, keys, args, token, value, sent, deadline, blocking
     ) -> Generator[Command, Any, tuple[Any, Any, float]]:
         """Wait for a busy lock: the loop of :meth:`_acquire_steps`."""
         acquired = 0
+        wake = keys.wake_prefix + token
         while not acquired:
             now = time.monotonic()
             if now >= deadline or not blocking:
