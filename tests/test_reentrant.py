@@ -684,6 +684,71 @@ def test_waiter_that_gives_up_keeps_a_plain_handoff_and_can_nest(reentrant, name
     assert in_thread(try_once, name)
 
 
+@pytest.mark.parametrize("handed_over", [False, True])
+def test_interrupted_waiter_leaves_no_trace(reentrant, name, handed_over):
+    holder = lock(name)
+    holder.acquire()
+    original = reentrant._execute
+    queued, go_on = threading.Event(), threading.Event()
+    waiter_thread: list = []
+
+    def interrupt_blpop(command):
+        if command[0] == "blpop" and threading.current_thread() in waiter_thread:
+            queued.set()
+            go_on.wait(30)  # meanwhile the holder may hand the lease over
+            raise KeyboardInterrupt
+        return original(command)
+
+    def waiter():
+        try:
+            lock(name, timeout=10).acquire()
+        except KeyboardInterrupt:
+            return "interrupted"
+
+    reentrant._execute = interrupt_blpop
+    try:
+        result: list = []
+        t = threading.Thread(target=lambda: result.append(waiter()))
+        waiter_thread.append(t)
+        t.start()
+        assert queued.wait(30)
+        if handed_over:
+            holder.release()  # hands the lease to the queued waiter
+        go_on.set()
+        t.join(30)
+    finally:
+        del reentrant._execute
+    assert result == ["interrupted"]
+    leftover = {k.decode() for k in reentrant.client.keys("*")}
+    if handed_over:
+        assert leftover == set()  # the handed lease was given back
+    else:
+        assert leftover == {reentrant.keys_for(name).lease}
+        holder.release()
+    assert in_thread(try_once, name)
+
+
+def test_cancelled_async_waiter_leaves_no_trace(reentrant, name):
+    async def scenario():
+        holder = lock(name)
+        await holder.aacquire()
+        task = asyncio.create_task(lock(name, timeout=10).aacquire())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await holder.arelease()
+        # The cancelled waiter must not have kept a lease handed to it.
+        other = lock(name, timeout=5)
+        got = await other.aacquire()
+        if got:
+            await other.arelease()
+        return got
+
+    assert asyncio.run(scenario()) is True
+    assert reentrant.client.keys("*") == []
+
+
 def test_forgotten_holds_are_swept(reentrant, name, monkeypatch):
     monkeypatch.setattr(redis_reentrant, "MAX_HOLDS", 4)
     for i in range(10):

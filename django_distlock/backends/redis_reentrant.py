@@ -230,7 +230,39 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         sent = start
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+        if reply[0]:
+            _, fence, holder, pttl = reply
+            return self._lease(
+                name, holder.decode(), fence, ttl, sent + int(pttl) / 1000, owner
+            )
         wake = keys.wake_prefix + token
+        try:
+            got = yield from self._reentrant_wait_steps(
+                keys, args, owner, wake, reply, sent, deadline, blocking
+            )
+        except BaseException:
+            # Interrupted (cancelled task, KeyboardInterrupt...) while queued:
+            # leave the queue, and give back a lease handed over meanwhile.
+            if blocking:
+                handed, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+                if handed:
+                    yield (
+                        "eval",
+                        R_RELEASE,
+                        keys.triple,
+                        [token, keys.wake_prefix, ""],
+                    )
+            raise
+        if got is None:
+            return None
+        holder, fence, deadline_at = got
+        return self._lease(name, holder, fence, ttl, deadline_at, owner)
+
+    def _reentrant_wait_steps(
+        self, keys, args, owner, wake, reply, sent, deadline, blocking
+    ) -> Generator[Command, Any, tuple[str, Any, float] | None]:
+        """Wait for a busy lock; return (token, fence, deadline) or None."""
+        token = args[0]
         while not reply[0]:
             now = time.monotonic()
             if now >= deadline or not blocking:
@@ -239,8 +271,10 @@ class ReentrantRedisLockBackend(RedisLockBackend):
                     got, fence = yield ("eval", CANCEL, (*keys.triple, wake), [token])
                     if got:
                         yield ("eval", R_ADOPT, (keys.lease,), [token, owner])
-                        return self._lease(name, token, fence, ttl, sent + ttl, owner)
+                        return token, fence, sent + int(args[1]) / 1000
                 return None
+            # Sleep until woken by a handoff, or until the lease could have
+            # expired (its holder may have died), or the slice ends.
             pttl = int(reply[1]) / 1000 if int(reply[1]) > 0 else 0.0
             wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
             if wait >= 0.001:
@@ -250,15 +284,13 @@ class ReentrantRedisLockBackend(RedisLockBackend):
                     if not message.startswith(b"+"):
                         # Handed on by a plain release script: claim o and c.
                         yield ("eval", R_ADOPT, (keys.lease,), [token, owner])
-                    return self._lease(name, token, message, ttl, sent + ttl, owner)
+                    return token, message, sent + int(args[1]) / 1000
             sent = time.monotonic()
             slice_len = min(self.max_wait_slice, deadline - sent)
             live_ms = _ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
             reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
         _, fence, holder, pttl = reply
-        return self._lease(
-            name, holder.decode(), fence, ttl, sent + int(pttl) / 1000, owner
-        )
+        return holder.decode(), fence, sent + int(pttl) / 1000
 
     def _check_caller(self, lease: Lease) -> ReentrantLease:
         if not isinstance(lease, ReentrantLease):
