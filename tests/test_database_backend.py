@@ -71,6 +71,18 @@ class TestPostgresContract(LockBackendContract):
         return db_locks("postgres")
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+class TestPostgresNotifyContract(LockBackendContract):
+    """The contract on PostgreSQL with waiters woken by LISTEN/NOTIFY."""
+
+    @pytest.fixture
+    def locks_setting(self, postgres_available):
+        setting = db_locks("postgres")
+        setting["default"]["OPTIONS"]["WAIT"] = "notify"
+        return setting
+
+
 @pytest.mark.mysql
 @pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
 class TestMySQLContract(LockBackendContract):
@@ -265,6 +277,20 @@ class TestRows:
                 ]
         locks.reset()
 
+    def test_renew_batches_and_reports_each_lease(self, database, name):
+        backend = _backend()
+        leases = [backend.acquire(f"{name}{i}", 2.0, 0) for i in range(3)]
+        assert all(leases)
+        assert backend.force_release(f"{name}1", leases[1].token)
+        before = [lease.deadline for lease in leases]
+        time.sleep(1.0)
+        assert backend.renew(leases) == [True, False, True]
+        assert leases[0].deadline > before[0] and leases[2].deadline > before[2]
+        time.sleep(1.4)  # past the original expiry, within the renewed one
+        assert backend.is_held(leases[0]) and backend.is_held(leases[2])
+        for lease in leases[::2]:
+            assert backend.release(lease)
+
     def test_async_holder_identity_is_the_task(self, database, name):
         import asyncio
 
@@ -380,7 +406,12 @@ def test_check_unknown_database():
 def test_check_options():
     assert _ids({"OPTIONS": {"DATABASE": "default", "WAT": 1}}) == ["distlock.E009"]
     assert _ids({"OPTIONS": {"MAX_BACKOFF": 0}}) == ["distlock.E009"]
-    assert _ids({"OPTIONS": {"DATABASE": "postgres", "MAX_BACKOFF": 0.01}}) == []
+    assert _ids({"OPTIONS": {"WAIT": "sleep"}}) == ["distlock.E009"]
+    assert _ids({"OPTIONS": {"DATABASE": "mysql", "WAIT": "notify"}}) == [
+        "distlock.E009"
+    ]
+    pg = {"DATABASE": "postgres", "MAX_BACKOFF": 0.01, "WAIT": "notify"}
+    assert _ids({"OPTIONS": pg}) == []
 
 
 def test_check_sqlite_atomic_requests():

@@ -23,7 +23,9 @@ Expiry is compared with the database's clock (``clock_timestamp()``,
 ``UTC_TIMESTAMP(6)``, SQLite's ``'now'``), never the app server's, so clock
 skew between app servers does not matter. Waiting is polling with jittered
 exponential backoff (capped by ``OPTIONS["MAX_BACKOFF"]``, 50 ms) that also
-wakes up when the holder's lease runs out.
+wakes up when the holder's lease runs out; on PostgreSQL,
+``OPTIONS["WAIT"] = "notify"`` makes waiters sleep on LISTEN until a
+release's NOTIFY instead.
 
 See ``docs/backends/database.md`` for the guarantees per database.
 """
@@ -60,6 +62,9 @@ MIN_BACKOFF = 0.001
 DEFAULT_MAX_BACKOFF = 0.05
 #: Rows deleted per statement by :meth:`DatabaseLockBackend.clear_stale`.
 DELETE_CHUNK = 500
+#: Longest wait for a notification before trying again anyway, seconds: it
+#: bounds the delay after a release by a process that does not notify.
+NOTIFY_SAFETY_WAIT = 1.0
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
 
@@ -209,6 +214,8 @@ class Dialect:
         }
         # Multi-statement, PostgreSQL only (one implicit transaction).
         sql["release_async"] = "SET LOCAL synchronous_commit TO OFF; " + sql["release"]
+        sql["notify"] = "SELECT pg_notify(%s, '')"
+        sql["release_notify"] = sql["release_async"] + "; " + sql["notify"]
         return {key: self.prepare(value) for key, value in sql.items()}
 
 
@@ -329,6 +336,11 @@ def _client_side_pg(cursor: Any) -> bool:
     return known
 
 
+def _channel(digest: str) -> str:
+    """Return the LISTEN/NOTIFY channel of a lock (hex: a safe identifier)."""
+    return "distlock_" + digest[:40]
+
+
 def _django_db_error() -> type[Exception]:
     from django.db import Error
 
@@ -355,16 +367,20 @@ class DatabaseLockBackend(BaseLockBackend):
     ``OPTIONS["DATABASE"]`` names the ``DATABASES`` alias (default
     ``"default"``); PostgreSQL, MySQL/MariaDB and SQLite (3.35+) are
     supported. ``OPTIONS["MAX_BACKOFF"]`` caps the sleep between two polls
-    of a busy lock (seconds, default 0.05). ``KEY_PREFIX`` separates the
-    locks of aliases that share one table.
+    of a busy lock (seconds, default 0.05). On PostgreSQL,
+    ``OPTIONS["WAIT"] = "notify"`` makes waiters sleep until a release's
+    ``NOTIFY`` (or the holder's expiry) instead of polling; every process
+    using the table should then set it. ``KEY_PREFIX`` separates the locks
+    of aliases that share one table.
     """
 
-    OPTION_KEYS = {"DATABASE", "MAX_BACKOFF"}
+    OPTION_KEYS = {"DATABASE", "MAX_BACKOFF", "WAIT"}
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
         self.database = str(self.options.get("DATABASE", "default"))
         self.max_backoff = float(self.options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF))
+        self.wait_notify = self.options.get("WAIT", "poll") == "notify"
         self._local = threading.local()
         self._connections: weakref.WeakSet = weakref.WeakSet()
         self._setup_lock = threading.Lock()
@@ -407,6 +423,17 @@ class DatabaseLockBackend(BaseLockBackend):
                     id="distlock.E009",
                 )
             )
+        wait = options.get("WAIT", "poll")
+        if wait not in ("poll", "notify"):
+            errors.append(
+                Error(
+                    f"{where}['WAIT'] must be 'poll' or 'notify', not {wait!r}.",
+                    hint="'notify' (PostgreSQL only) wakes waiters with "
+                    "LISTEN/NOTIFY instead of polling.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
         database = options.get("DATABASE", "default")
         if not isinstance(database, str) or database not in settings.DATABASES:
             errors.append(
@@ -421,6 +448,17 @@ class DatabaseLockBackend(BaseLockBackend):
             )
             return errors
         vendor = connections[database].vendor
+        if wait == "notify" and vendor != "postgresql":
+            errors.append(
+                Error(
+                    f"{where}['WAIT'] is 'notify' on {database!r}, a {vendor} "
+                    "database.",
+                    hint="LISTEN/NOTIFY exists on PostgreSQL only; leave WAIT "
+                    "out to poll.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
         if vendor not in DIALECTS:
             errors.append(
                 Error(
@@ -679,11 +717,20 @@ class DatabaseLockBackend(BaseLockBackend):
         if _client_side_pg(cursor):
             # A release need not wait for the WAL flush: if a server crash
             # loses it, the lock stays taken until its lease expires, and the
-            # next acquisition's flush makes it durable anyway.
-            cursor.execute(self._sql["release_async"], (digest, token))
+            # next acquisition's flush makes it durable anyway. A notification
+            # (WAIT = "notify") goes out when the release commits.
+            if self.wait_notify:
+                params = (digest, token, _channel(digest))
+                cursor.execute(self._sql["release_notify"], params)
+            else:
+                cursor.execute(self._sql["release_async"], (digest, token))
             cursor.nextset()
         else:
             cursor.execute(self._sql["release"], (digest, token))
+            if self.wait_notify and cursor.rowcount == 1:
+                cursor.execute(self._sql["notify"], (_channel(digest),))
+                cursor.fetchall()
+                return True
         if cursor.rowcount == 1:
             return True
         # Expired (not yet taken over): clear it anyway, but report the loss.
@@ -696,7 +743,79 @@ class DatabaseLockBackend(BaseLockBackend):
 
     def _drop_once(self, cursor: Any, digest: str, token: str) -> bool:
         cursor.execute(self._sql["drop"], (digest, token))
-        return cursor.rowcount == 1
+        dropped = cursor.rowcount == 1
+        if dropped and self.wait_notify:
+            cursor.execute(self._sql["notify"], (_channel(digest),))
+            cursor.fetchall()
+        return dropped
+
+    # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
+
+    def _listening(self, cursor: Any) -> set[str]:
+        # The channels this thread's *current* connection listens to; a
+        # reconnection starts from an empty set.
+        raw = cursor.connection
+        state = getattr(self._local, "listen", None)
+        if state is None or state[0] is not raw:
+            state = self._local.listen = (raw, set())
+        return state[1]
+
+    def _listen_and_attempt(self, cursor: Any, channel: str, *args: Any) -> Any:
+        listening = self._listening(cursor)
+        if channel not in listening:
+            # LISTEN before the attempt: a release committed after the
+            # attempt is then sure to be delivered (no lost wakeup).
+            cursor.execute(f"LISTEN {channel}")
+            listening.add(channel)
+        return self._attempt(cursor, *args)
+
+    def _wait_notified(self, cursor: Any, channel: str, timeout: float) -> None:
+        if channel not in self._listening(cursor):
+            return  # reconnected meanwhile: attempt (and LISTEN) again now
+        for _ in cursor.connection.notifies(timeout=timeout, stop_after=1):
+            break
+
+    def _unlisten(self, cursor: Any, channel: str) -> None:
+        listening = self._listening(cursor)
+        if channel in listening:
+            listening.discard(channel)
+            cursor.execute(f"UNLISTEN {channel}")
+
+    def _acquire_notified(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        identity: tuple[str, int, str],
+    ) -> Lease | None:
+        digest = self._digest(name)
+        token = secrets.token_hex(16)
+        channel = _channel(digest)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        args = (name, digest, token, ttl, identity)
+        sent = time.monotonic()
+        fence, hint = self._call("acquire", self._attempt, *args)
+        if fence is None and timeout != 0:
+            try:
+                while fence is None:
+                    sent = time.monotonic()
+                    fence, hint = self._call(
+                        "acquire", self._listen_and_attempt, channel, *args
+                    )
+                    left = deadline - time.monotonic()
+                    if fence is not None or left <= 0:
+                        break
+                    if hint:
+                        wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
+                        self._call("wait", self._wait_notified, channel, wait)
+            finally:
+                try:
+                    self._call("stop listening", self._unlisten, channel)
+                except LockBackendError:
+                    pass
+        if fence is None:
+            return None
+        return Lease(self.alias, name, token, fence, ttl, sent + ttl, state=digest)
 
     # -- the contract -----------------------------------------------------
 
@@ -705,6 +824,8 @@ class DatabaseLockBackend(BaseLockBackend):
         return max(0.0, min(random.uniform(delay / 2, delay), hint + 0.001, left))
 
     def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        if self.wait_notify:
+            return self._acquire_notified(name, ttl, timeout, self._identity())
         digest = self._digest(name)
         token = secrets.token_hex(16)
         identity = self._identity()
@@ -732,10 +853,18 @@ class DatabaseLockBackend(BaseLockBackend):
     async def aacquire(
         self, name: str, ttl: float, timeout: float | None
     ) -> Lease | None:
-        """Poll from the event loop; each attempt runs in a worker thread."""
+        """Poll from the event loop; each attempt runs in a worker thread.
+
+        With ``WAIT = "notify"`` the whole wait runs in one worker thread,
+        whose connection listens for the release.
+        """
+        identity = self._identity()  # the task's identity, not the worker's
+        if self.wait_notify:
+            return await sync_to_async(self._acquire_notified, thread_sensitive=False)(
+                name, ttl, timeout, identity
+            )
         digest = self._digest(name)
         token = secrets.token_hex(16)
-        identity = self._identity()  # the task's identity, not the worker's
         attempt = sync_to_async(self._call, thread_sensitive=False)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         delay = MIN_BACKOFF
@@ -779,6 +908,31 @@ class DatabaseLockBackend(BaseLockBackend):
         return self._call(
             "check", self._is_held_once, self._lease_digest(lease), lease.token
         )
+
+    def _renew_once(self, cursor: Any, leases: list[Lease]) -> list[bool]:
+        def renew_all(cur: Any) -> list[bool]:
+            extend = self._extend_once
+            return [
+                extend(cur, self._lease_digest(lease), lease.token, lease.ttl)
+                for lease in leases
+            ]
+
+        return self._transaction(cursor, renew_all)
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew every lease in one transaction: one commit, however many."""
+        leases = list(leases)
+        if len(leases) < 2:
+            return super().renew(leases)
+        sent = time.monotonic()
+        try:
+            results = self._call("renew", self._renew_once, leases)
+        except LockBackendError:
+            return [None] * len(leases)
+        for lease, ok in zip(leases, results):
+            if ok:
+                lease.deadline = sent + lease.ttl
+        return list(results)
 
     async def arelease(self, lease: Lease) -> bool:
         return await sync_to_async(self.release, thread_sensitive=False)(lease)
