@@ -181,8 +181,7 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
                     f"{m['count']:,} held locks: `manage.py locks list` < 2 s",
                     f"{slowest:.2f} s",
                     f"json {m['list_json_s']:.2f} s, table {m['list_table_s']:.2f} s"
-                    f" (whole process); in-process {m['list_inprocess_s']:.2f} s; "
-                    "bare Django process start "
+                    " (whole process); bare Django process start "
                     f"{m.get('django_startup_s', float('nan')):.2f} s",
                     slowest < scale.LIST_TARGET_S,
                 )
@@ -352,8 +351,6 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
                 f"| {m['list_json_s']:.2f} s |",
                 f"| `manage.py locks list` table (whole process) "
                 f"| {m['list_table_s']:.2f} s |",
-                f"| `call_command('locks', 'list')` in process "
-                f"| {m['list_inprocess_s']:.2f} s |",
             ]
             if "django_startup_s" in m:
                 lines.append(

@@ -85,10 +85,6 @@ def run(ctx) -> dict:
 
 
 def _locks_list(ctx, count: int) -> dict:
-    import io
-
-    from django.core.management import call_command
-
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"}
     argv = [sys.executable, "-m", "django", "locks", "list", "--using", "default"]
     started = time.monotonic()
@@ -124,15 +120,9 @@ def _locks_list(ctx, count: int) -> dict:
         cwd=ctx.root,
     )
     startup = time.monotonic() - started
-    started = time.monotonic()
-    call_command(
-        "locks", "list", "--using", "default", "--format", "json", stdout=io.StringIO()
-    )
-    inproc = time.monotonic() - started
     return {
         "list_json_s": wall,
         "list_table_s": wall_table,
-        "list_inprocess_s": inproc,
         "django_startup_s": startup,
     }
 
