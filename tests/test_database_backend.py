@@ -334,6 +334,28 @@ def test_zero_configuration(settings, name):
     assert not [e for e in run_checks() if e.id.startswith("distlock.")]
 
 
+@pytest.mark.django_db
+def test_in_memory_sqlite_runs_on_the_callers_connection(name):
+    # Like a TestCase on Django's default in-memory test database: the test
+    # runs inside a transaction that has already written.
+    _sqlite_default()
+    from django.db.backends.sqlite3.base import DatabaseWrapper
+
+    sku = uuid.uuid4().hex[:16]
+    with mock.patch.object(DatabaseWrapper, "is_in_memory_db", return_value=True):
+        with override_settings(LOCKS=db_locks("default")):
+            Product.objects.create(sku=sku)
+            with lock(name, auto_renew=False) as held:  # creates the row
+                assert held.locked()
+                assert lock(name, timeout=0).acquire() is False
+                first = held.fencing_token
+            with lock(name, timeout=0) as again:
+                assert again.fencing_token > first
+            assert _record("default", name).token is None
+            assert Product.objects.filter(sku=sku).exists()
+    locks.reset()
+
+
 # -- PostgreSQL: a killed connection ------------------------------------------
 
 

@@ -336,6 +336,37 @@ def _client_side_pg(cursor: Any) -> bool:
     return known
 
 
+class _SharedConnection(_Connection):
+    """The thread's own Django connection, for an in-memory SQLite database.
+
+    Another connection would open another, empty database (or, in
+    shared-cache mode, fail on SQLite's table locks), and an in-memory
+    database is private to one process anyway. Statements then run in the
+    caller's transaction when there is one (savepoints instead of BEGIN),
+    which is what test suites on in-memory SQLite need.
+    """
+
+    def __init__(self, alias: str):
+        from django.db import connections
+
+        self.alias = alias
+        self.wrapper = connections[alias]
+        self.pid = os.getpid()
+        self._cursor = None
+        self.errors = (self.wrapper.Database.Error, _django_db_error())
+        self.finalizer = weakref.finalize(self, lambda: None)
+
+    def cursor(self) -> Any:
+        from django.db import connections
+
+        wrapper = connections[self.alias]
+        wrapper.ensure_connection()
+        return wrapper.connection.cursor()
+
+    def reset(self) -> None:
+        """Leave Django's connection to Django."""
+
+
 def _channel(digest: str) -> str:
     """Return the LISTEN/NOTIFY channel of a lock (hex: a safe identifier)."""
     return "distlock_" + digest[:40]
@@ -385,6 +416,7 @@ class DatabaseLockBackend(BaseLockBackend):
         self._connections: weakref.WeakSet = weakref.WeakSet()
         self._setup_lock = threading.Lock()
         self._sql: dict[str, str] | None = None
+        self._in_memory = False
         self._dialect: Dialect | None = None
         _backends.add(self)
 
@@ -523,6 +555,7 @@ class DatabaseLockBackend(BaseLockBackend):
                 ) from None
             table = wrapper.ops.quote_name(LockRecord._meta.db_table)
             self._integrity_error = wrapper.Database.IntegrityError
+            self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
             self._dialect = dialect
             self._sql = dialect.build(table)
 
@@ -552,7 +585,10 @@ class DatabaseLockBackend(BaseLockBackend):
         if conn is None:
             if self._sql is None:
                 self._setup()
-            conn = _Connection(self._new_wrapper())
+            if self._in_memory:
+                conn = _SharedConnection(self.database)
+            else:
+                conn = _Connection(self._new_wrapper())
             self._local.conn = conn
             self._connections.add(conn)
         return conn
@@ -612,16 +648,23 @@ class DatabaseLockBackend(BaseLockBackend):
         )
 
     def _transaction(self, cursor: Any, body: Callable[[Any], Any]) -> Any:
-        cursor.execute(self.dialect.begin)
+        if self._in_memory and cursor.connection.in_transaction:
+            # Only on the caller's own connection (in-memory SQLite).
+            begin, commit = "SAVEPOINT distlock", "RELEASE SAVEPOINT distlock"
+            rollback = "ROLLBACK TO SAVEPOINT distlock; RELEASE SAVEPOINT distlock"
+        else:
+            begin, commit, rollback = self.dialect.begin, "COMMIT", "ROLLBACK"
+        cursor.execute(begin)
         try:
             result = body(cursor)
         except BaseException:
             try:
-                cursor.execute("ROLLBACK")
+                for statement in rollback.split("; "):
+                    cursor.execute(statement)
             except Exception:  # noqa: BLE001 - the connection may be gone
                 pass
             raise
-        cursor.execute("COMMIT")
+        cursor.execute(commit)
         return result
 
     # -- the algorithm, one attempt at a time -----------------------------
