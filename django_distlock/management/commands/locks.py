@@ -140,10 +140,15 @@ class Command(BaseCommand):
 
     def write_table(self, rows: Iterable[Holder]) -> None:
         now = time.time()
-        head = ("BACKEND", "NAME", "HOLDER", "ACQUIRED AT", "EXPIRES IN", "FENCE")
+        head = ("BACKEND", "NAME", "HOLDER", "ACQUIRED AT", "EXPIRES AT", "FENCE")
         lines = []
         for h in rows:
-            expires = f"{h.expires_at.timestamp() - now:.1f}s" if h.expires_at else "-"
+            expires = (
+                f"{h.expires_at.isoformat(timespec='seconds')} "
+                f"(in {h.expires_at.timestamp() - now:.1f}s)"
+                if h.expires_at
+                else "-"
+            )
             lines.append(
                 (
                     printable(h.backend),
