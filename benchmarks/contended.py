@@ -244,8 +244,8 @@ def run(ctx) -> dict:
         index, _, error = results.get(timeout=180)
         if error:
             raise RuntimeError(f"worker {index} failed to start: {error}")
-    rounds = ctx.size(full=3, quick=1)
-    window = ctx.size(full=3.0, quick=0.5)
+    rounds = ctx.size(full=6, quick=1)
+    window = ctx.size(full=1.5, quick=0.5)
     by_name: dict[str, list[Outcome]] = {n: [] for n in CONTENDERS}
     try:
         for r in range(rounds):

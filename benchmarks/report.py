@@ -81,7 +81,7 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
                 f"{d.cycles_per_s / p.cycles_per_s:.2f}x",
                 f"{d.cycles_per_s:.0f} vs {p.cycles_per_s:.0f}/s; per round "
                 + ", ".join(
-                    f"{a / b:.2f}x"
+                    f"{a / b:.2f}"
                     for a, b in zip(d.round_cycles_per_s, p.round_cycles_per_s)
                 ),
                 d.cycles_per_s >= 1.5 * p.cycles_per_s,
