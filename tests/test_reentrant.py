@@ -460,6 +460,13 @@ def test_renewal_once_per_owner_not_per_level(reentrant, name):
     assert 2 <= calls <= held_for / (ttl / 3) + 4, calls
 
 
+def test_renewal_after_script_flush(reentrant, name):
+    with lock(name, ttl=0.6) as outer, lock(name, ttl=0.6, timeout=0) as inner:
+        reentrant.client.script_flush()  # e.g. a Redis restart or failover
+        time.sleep(1.8)
+        assert outer.locked() and inner.locked()
+
+
 def test_renewal_keeps_levels_alive_when_outer_released_first(reentrant, name):
     ttl = 0.6
     outer = lock(name, ttl=ttl)
@@ -762,7 +769,15 @@ def test_forgotten_holds_are_swept(reentrant, name, monkeypatch):
     assert (name, kept.token) not in reentrant._holds
 
 
-def test_async_nested_auto_renewal(reentrant, name):
+@pytest.mark.parametrize("flush_scripts", [False, True])
+def test_async_nested_auto_renewal(reentrant, name, monkeypatch, flush_scripts):
+    def not_in_a_thread(leases):
+        raise AssertionError("the asyncio watchdog must renew natively")
+
+    monkeypatch.setattr(reentrant, "renew", not_in_a_thread)
+    if flush_scripts:
+        reentrant.client.script_flush()
+
     async def scenario():
         async with lock(name, ttl=0.6) as outer:
             async with lock(name, ttl=0.6, timeout=0) as inner:

@@ -338,16 +338,8 @@ class ReentrantRedisLockBackend(RedisLockBackend):
 
     # -- renewal: once per owner, not per level ----------------------------
 
-    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
-        """Renew the holds behind ``leases``: one pipelined round trip in all.
-
-        Levels of one hold are renewed together, at the longest ttl among
-        its levels; a level whose hold was renewed recently enough costs no
-        round trip at all.
-        """
-        import redis
-
-        leases = list(leases)
+    def _plan_renewal(self, leases: list[Lease]):
+        """Return (results so far, the holds that need a round trip)."""
         results: list[bool | None] = [None] * len(leases)
         now = time.monotonic()
         groups: dict[int, tuple[_Hold, list[int]]] = {}
@@ -367,36 +359,17 @@ class ReentrantRedisLockBackend(RedisLockBackend):
                 continue
             levels = hold.leases() or [leases[i] for i in indices]
             due.append((hold, indices, max(lease.ttl for lease in levels)))
-        if not due:
-            return results
-        sent = time.monotonic()
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for hold, _, ttl in due:
-                pipe.evalsha(
-                    R_EXTEND.sha,
-                    1,
-                    self.keys_for(hold.name).lease,
-                    hold.token,
-                    _ms(ttl),
-                    1,
-                )
-            replies = pipe.execute(raise_on_error=False)
-        except redis.exceptions.RedisError:
-            return results
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            replies = []
-            for hold, _, ttl in due:
-                command = (
-                    "eval",
-                    R_EXTEND,
-                    (self.keys_for(hold.name).lease,),
-                    [hold.token, _ms(ttl), 1],
-                )
-                try:
-                    replies.append(self._execute(command))
-                except Exception as e:  # noqa: BLE001 - reported as None
-                    replies.append(e)
+        return results, due
+
+    def _renewal_command(self, hold: _Hold, ttl: float) -> Command:
+        return (
+            "eval",
+            R_EXTEND,
+            (self.keys_for(hold.name).lease,),
+            [hold.token, _ms(ttl), 1],
+        )
+
+    def _settle_renewal(self, due, replies, sent: float, results) -> list[bool | None]:
         for (hold, indices, _), reply in zip(due, replies):
             if isinstance(reply, Exception):
                 continue
@@ -409,6 +382,63 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             for i in indices:
                 results[i] = ok
         return results
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew the holds behind ``leases``: one pipelined round trip in all.
+
+        Levels of one hold are renewed together, at the longest ttl among
+        its levels; a level whose hold was renewed recently enough costs no
+        round trip at all.
+        """
+        import redis
+
+        leases = list(leases)
+        results, due = self._plan_renewal(leases)
+        if not due:
+            return results
+        commands = [self._renewal_command(hold, ttl) for hold, _, ttl in due]
+        sent = time.monotonic()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for _, script, keys, args in commands:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+        except redis.exceptions.RedisError:
+            return results
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            replies = []
+            for command in commands:
+                try:
+                    replies.append(self._execute(command))
+                except Exception as e:  # noqa: BLE001 - reported as None
+                    replies.append(e)
+        return self._settle_renewal(due, replies, sent, results)
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Async twin of :meth:`renew`, on the event loop's own client."""
+        import redis
+
+        leases = list(leases)
+        results, due = self._plan_renewal(leases)
+        if not due:
+            return results
+        commands = [self._renewal_command(hold, ttl) for hold, _, ttl in due]
+        sent = time.monotonic()
+        try:
+            pipe = self.aclient().pipeline(transaction=False)
+            for _, script, keys, args in commands:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+        except redis.exceptions.RedisError:
+            return results
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            replies = []
+            for command in commands:
+                try:
+                    replies.append(await self._aexecute(command))
+                except Exception as e:  # noqa: BLE001 - reported as None
+                    replies.append(e)
+        return self._settle_renewal(due, replies, sent, results)
 
     # -- listing and clearing ----------------------------------------------
 
