@@ -16,6 +16,7 @@ DISTLOCK = "django_distlock database backend"
 PGLOCKS = "django-pglocks advisory_lock"
 DB_MUTEX = "django-db-mutex"
 ROW_LOCK = "raw BEGIN; SELECT ... FOR UPDATE; COMMIT"
+ORM = "Django atomic() + select_for_update().get_or_create()"
 DURABLE = "raw durable lease: UPDATE + UPDATE (2 commits)"
 
 TARGETS = {DISTLOCK: (FLOOR, 3.0)}
@@ -54,6 +55,15 @@ def run(ctx) -> dict:
             (tok,),
         )
 
+    def orm():
+        # The pattern the ORM offers out of the box (on django-db-mutex's
+        # table, any model would do): a row lock held for the transaction.
+        from db_mutex.models import DBMutex
+        from django.db import transaction
+
+        with transaction.atomic():
+            DBMutex.objects.select_for_update().get_or_create(lock_id="bench:d:orm")
+
     def pglocks():
         from django_pglocks import advisory_lock
 
@@ -70,6 +80,7 @@ def run(ctx) -> dict:
         FLOOR: cycles(floor),
         ROW_LOCK: cycles(row_lock),
         DURABLE: cycles(durable),
+        ORM: cycles(orm),
         PGLOCKS: cycles(pglocks),
         DB_MUTEX: cycles(db_mutex),
     }

@@ -30,6 +30,7 @@ ANCHOR_DATABASE = {
     database.FLOOR: "1.00 (95-115 µs)",
     database.PGLOCKS: "1.8-2.0",
     database.ROW_LOCK: "2.0-2.2",
+    database.ORM: "6.4-7.0",
     database.DB_MUTEX: "19-20",
 }
 
