@@ -404,6 +404,29 @@ class TestPostgresKilledConnection:
         held.release()
         assert lock(name, timeout=0).acquire()
 
+    def test_notify_waiter_sees_a_release_that_did_not_notify(self, name):
+        setting = {
+            "default": {**db_locks("postgres")["default"]},
+            "poller": {**db_locks("postgres")["default"]},
+        }
+        setting["default"]["OPTIONS"] = {"DATABASE": "postgres", "WAIT": "notify"}
+        with override_settings(LOCKS=setting):
+            holder = lock(name, using="poller", ttl=30)
+            assert holder.acquire()
+            got = []
+            waiter = threading.Thread(
+                target=lambda: got.append(lock(name, timeout=30).acquire())
+            )
+            waiter.start()
+            time.sleep(0.3)
+            released = time.monotonic()
+            holder.release()  # a polling backend: no NOTIFY
+            waiter.join(30)
+            assert got == [True]
+            # The safety net wakes the waiter within about a second.
+            assert time.monotonic() - released < 5
+        locks.reset()
+
     def test_server_unreachable(self, name):
         unreachable = {**connections["postgres"].settings_dict, "PORT": "1"}
         with mock.patch.dict(connections["postgres"].settings_dict, unreachable):

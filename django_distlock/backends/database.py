@@ -33,7 +33,6 @@ See ``docs/backends/database.md`` for the guarantees per database.
 from __future__ import annotations
 
 import asyncio
-import copy
 import hashlib
 import math
 import os
@@ -563,10 +562,12 @@ class DatabaseLockBackend(BaseLockBackend):
         from django.db import connections
         from django.db.utils import load_backend
 
-        settings_dict = copy.deepcopy(connections[self.database].settings_dict)
+        # Shallow copies: OPTIONS may hold objects that cannot be deep-copied
+        # (an SSL context, a pool's callables).
+        settings_dict = dict(connections[self.database].settings_dict)
         settings_dict["ATOMIC_REQUESTS"] = False
         settings_dict["AUTOCOMMIT"] = True
-        options = settings_dict.setdefault("OPTIONS", {})
+        options = settings_dict["OPTIONS"] = dict(settings_dict.get("OPTIONS") or {})
         vendor = connections[self.database].vendor
         if vendor == "postgresql":
             # One plain connection per thread: no pool, the default READ
