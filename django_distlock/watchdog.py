@@ -30,6 +30,8 @@ __all__ = ["async_watchdog", "report_lost", "watchdog"]
 logger = logging.getLogger("django_distlock.renew")
 
 RETRY_AFTER_ERROR = 0.5
+#: A lease due within this fraction of its ttl is renewed with the due ones.
+EARLY_FRACTION = 1 / 6
 
 
 def renewal_due(lease: Lease) -> float:
@@ -60,13 +62,20 @@ class _Schedule:
     """The renewal bookkeeping shared by the thread and the asyncio loop."""
 
     def __init__(self) -> None:
-        # id(lease) -> (backend, weakref to lease, due)
-        self.entries: dict[int, tuple[BaseLockBackend, weakref.ref, float]] = {}
+        # id(lease) -> (backend, weakref to lease, due, earliest): the loop
+        # wakes at the first ``due``, and then renews every lease whose
+        # ``earliest`` has come, so that leases taken at about the same time
+        # share one round trip instead of waking the loop one by one.
+        self.entries: dict[int, tuple[BaseLockBackend, weakref.ref, float, float]] = {}
+
+    def _schedule(self, backend: BaseLockBackend, lease: Lease) -> float:
+        due = renewal_due(lease)
+        earliest = due - lease.ttl * EARLY_FRACTION
+        self.entries[id(lease)] = (backend, weakref.ref(lease), due, earliest)
+        return due
 
     def add(self, backend: BaseLockBackend, lease: Lease) -> float:
-        due = renewal_due(lease)
-        self.entries[id(lease)] = (backend, weakref.ref(lease), due)
-        return due
+        return self._schedule(backend, lease)
 
     def remove(self, lease: Lease) -> None:
         self.entries.pop(id(lease), None)
@@ -75,12 +84,13 @@ class _Schedule:
         return min((e[2] for e in self.entries.values()), default=math.inf)
 
     def take_due(self, now: float) -> dict[BaseLockBackend, list[Lease]]:
+        """Return the leases to renew now, grouped by backend."""
         due: dict[BaseLockBackend, list[Lease]] = defaultdict(list)
-        for key, (backend, ref, when) in list(self.entries.items()):
+        for key, (backend, ref, _due, earliest) in list(self.entries.items()):
             lease = ref()
             if lease is None or lease.lost:
                 del self.entries[key]
-            elif when <= now:
+            elif earliest <= now:
                 due[backend].append(lease)
         return due
 
@@ -91,11 +101,7 @@ class _Schedule:
             if id(lease) not in self.entries:
                 continue  # released while the renewal was in flight
             if ok:
-                self.entries[id(lease)] = (
-                    backend,
-                    weakref.ref(lease),
-                    renewal_due(lease),
-                )
+                self._schedule(backend, lease)
             elif ok is False:
                 self.remove(lease)
                 report_lost(backend, lease, "renewal found the lease gone")
@@ -105,8 +111,9 @@ class _Schedule:
                     backend, lease, "backend unreachable until the lease expired"
                 )
             else:
+                # A retry is never taken early: a dead backend is not hammered.
                 retry = min(now + RETRY_AFTER_ERROR, lease.deadline)
-                self.entries[id(lease)] = (backend, weakref.ref(lease), retry)
+                self.entries[id(lease)] = (backend, weakref.ref(lease), retry, retry)
 
 
 class ThreadWatchdog:
