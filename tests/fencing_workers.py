@@ -21,7 +21,7 @@ def stale_writer(op, db, pks, lock_name, ttl, auto_renew, out, go):
     """Take ``lock_name``, load the rows, report, wait for ``go``, then write.
 
     The test SIGSTOPs this process after the report, lets another process take
-    the lock and write, sets ``go`` and SIGCONTs it. ``op`` is the write
+    the lock and write, puts on the ``go`` queue and SIGCONTs it. ``op`` is the write
     attempted with the (by then stale) lease: ``save``, ``update`` (fenced
     queryset update of every row in ``pks``), ``delete`` (instance) or
     ``qs_delete``. Put ``(outcome, release_outcome)`` on ``out``.
@@ -36,7 +36,7 @@ def stale_writer(op, db, pks, lock_name, ttl, auto_renew, out, go):
         return
     rows = list(Account.objects.using(db).filter(pk__in=pks).order_by("pk"))
     out.put(("held", handle.fencing_token, os.getpid()))
-    go.wait(120)
+    go.get(timeout=120)  # a Queue: a stopped waiter cannot upset it
     try:
         if op == "save":
             row = rows[0]

@@ -350,7 +350,8 @@ class TestFencedQuerySet:
     def test_delete_cascades_to_multi_table_children(self, db_alias):
         sav = SavingsAccount.objects.using(db_alias).create(owner="s")
         h = held()
-        deleted, _ = Account.objects.using(db_alias).filter(pk=sav.pk).fenced(h).delete()
+        qs = Account.objects.using(db_alias).filter(pk=sav.pk)
+        deleted, _ = qs.fenced(h).delete()
         assert deleted == 2
         assert not SavingsAccount.objects.using(db_alias).exists()
 
@@ -419,3 +420,324 @@ class TestGuards:
             return await acc.adelete(fence=new)
 
         assert asyncio.run(scenario())[0] == 1
+
+
+# ---------------------------------------------------------------------------
+# The pause test: real processes, every backend
+# ---------------------------------------------------------------------------
+
+BACKEND_MODULES = {
+    "redis": "django_distlock.backends.redis",
+    "reentrant": "django_distlock.backends.redis",
+    "redlock": "django_distlock.backends.redlock",
+    "database": "django_distlock.backends.database",
+}
+BACKEND_CLASSES = {
+    "redis": "RedisLockBackend",
+    "reentrant": "ReentrantRedisLockBackend",
+    "redlock": "RedlockBackend",
+    "database": "DatabaseLockBackend",
+}
+
+
+def backend_param(backend: str, rows_db: str = "default"):
+    dbs = ["default"] if rows_db == "default" else ["default", rows_db]
+    return pytest.param(
+        (backend, rows_db),
+        id=f"{backend}-{rows_db}",
+        marks=[pytest.mark.django_db(transaction=True, databases=dbs)],
+    )
+
+
+PAUSE_BACKENDS = [
+    backend_param("redis"),
+    backend_param("reentrant"),
+    backend_param("redlock"),
+    backend_param("database", "default"),
+    backend_param("database", "postgres"),
+    backend_param("database", "mysql"),
+]
+
+
+@pytest.fixture(scope="session")
+def redlock_servers():
+    """Three redis-servers of their own for Redlock (started on first use)."""
+    servers = [RedisServer().start() for _ in range(3)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def backend_locks(request, backend: str, rows_db: str) -> dict:
+    """The LOCKS setting for ``backend`` (skip if it has not landed yet)."""
+    try:
+        module = importlib.import_module(BACKEND_MODULES[backend])
+        getattr(module, BACKEND_CLASSES[backend])
+    except (ImportError, AttributeError) as e:
+        pytest.skip(f"the {backend} backend is not available: {e}")
+    path = f"{BACKEND_MODULES[backend]}.{BACKEND_CLASSES[backend]}"
+    if rows_db == "postgres":
+        request.getfixturevalue("postgres_available")
+    elif rows_db == "mysql":
+        request.getfixturevalue("mysql_available")
+    if backend in ("redis", "reentrant"):
+        return redis_locks(request.getfixturevalue("redis_url"), BACKEND=path)
+    if backend == "redlock":
+        servers = request.getfixturevalue("redlock_servers")
+        for server in servers:
+            server.client().flushall()
+        location = [server.url for server in servers]
+        return {"default": {"BACKEND": path, "LOCATION": location}}
+    return {"default": {"BACKEND": path, "OPTIONS": {"DATABASE": rows_db}}}
+
+
+@pytest.fixture
+def pause_backend(request):
+    """Point LOCKS at the backend under test; return the rows' database alias."""
+    backend, rows_db = request.param
+    with override_settings(LOCKS=backend_locks(request, backend, rows_db)):
+        yield rows_db
+
+
+TTL = 0.5
+
+
+def run_paused_writer(op, db, pks, name, newer_write, *, auto_renew=False):
+    """The pause scenario; return ``(a_token, b_token, a_outcome, a_release)``.
+
+    A worker process takes ``name`` with a short TTL and loads the rows; it is
+    stopped (SIGSTOP) past the TTL; this process takes the lock over and
+    calls ``newer_write(held)``; then the worker is resumed (SIGCONT) and makes
+    its write ``op`` with its lapsed lease.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Queue()
+    proc = start_process(stale_writer, op, db, pks, name, TTL, auto_renew, out, go)
+    stopped = False
+    try:
+        state, a_token, pid = out.get(timeout=120)
+        assert state == "held", state
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = True
+        # The worker cannot renew now; its lease lapses after TTL and this
+        # process gets the lock (waiting for it as long as needed).
+        with lock(name, ttl=30, timeout=60, auto_renew=False) as b:
+            b_token = b.fencing_token
+            assert b_token > a_token
+            newer_write(b)
+            go.put("go")
+            os.kill(proc.pid, signal.SIGCONT)
+            stopped = False
+            a_outcome, a_release = out.get(timeout=120)
+        return a_token, b_token, a_outcome, a_release
+    finally:
+        go.put("go")
+        if stopped:
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+@pytest.mark.parametrize("pause_backend", PAUSE_BACKENDS, indirect=True)
+class TestPause:
+    def test_save(self, pause_backend):
+        db = pause_backend
+        row = Account.objects.using(db).create(owner="before", balance=1)
+
+        def newer_write(b):
+            fresh = Account.objects.using(db).get(pk=row.pk)
+            fresh.owner, fresh.balance = "B", 2
+            fresh.save(fence=b)
+
+        a, b, outcome, released = run_paused_writer(
+            "save", db, [row.pk], lock_for(row).name, newer_write
+        )
+        assert outcome == "stale"
+        assert released in ("LockLost", "LockNotHeld")
+        got = Account.objects.using(db).get(pk=row.pk)
+        assert (got.owner, got.balance, got.fencing_token) == ("B", 2, b)
+
+    def test_save_with_auto_renew(self, pause_backend):
+        # The worker's renewal thread is stopped too; when it resumes it may
+        # learn of the loss before the write (LockLost) or not (the fence
+        # refuses it). Either way the newer data stays.
+        db = pause_backend
+        row = Account.objects.using(db).create(owner="before")
+
+        def newer_write(b):
+            fresh = Account.objects.using(db).get(pk=row.pk)
+            fresh.owner = "B"
+            fresh.save(fence=b)
+
+        a, b, outcome, released = run_paused_writer(
+            "save", db, [row.pk], lock_for(row).name, newer_write, auto_renew=True
+        )
+        assert outcome in ("stale", "lost")
+        got = Account.objects.using(db).get(pk=row.pk)
+        assert (got.owner, got.fencing_token) == ("B", b)
+
+    @pytest.mark.parametrize("op", ["update", "qs_delete"])
+    def test_queryset_write(self, pause_backend, op):
+        # One lock guards a group of rows; the newer holder wrote one of them.
+        db = pause_backend
+        objs = Account.objects.using(db)
+        pks = [objs.create(owner=f"r{i}").pk for i in range(3)]
+
+        def newer_write(b):
+            assert objs.filter(pk=pks[1]).fenced(b).update(owner="B") == 1
+
+        a, b, outcome, released = run_paused_writer(
+            op, db, pks, unique("accounts:group"), newer_write
+        )
+        assert outcome == "stale"
+        got = list(objs.filter(pk__in=pks).order_by("pk"))
+        assert [(r.owner, r.fencing_token) for r in got] == [
+            ("r0", 0),
+            ("B", b),
+            ("r2", 0),
+        ]
+
+    def test_delete(self, pause_backend):
+        db = pause_backend
+        row = Account.objects.using(db).create(owner="before")
+
+        def newer_write(b):
+            fresh = Account.objects.using(db).get(pk=row.pk)
+            fresh.owner = "B"
+            fresh.save(fence=b)
+
+        a, b, outcome, released = run_paused_writer(
+            "delete", db, [row.pk], lock_for(row).name, newer_write
+        )
+        assert outcome == "stale"
+        got = Account.objects.using(db).get(pk=row.pk)
+        assert (got.owner, got.fencing_token) == ("B", b)
+
+
+# ---------------------------------------------------------------------------
+# Property: no interleaving lets an older token write after a newer one
+# ---------------------------------------------------------------------------
+
+HOLDERS = 3
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "expire", "release", "save", "update", "delete"]),
+        st.integers(0, HOLDERS - 1),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+def check_interleaving(ops):
+    """Play ``ops`` with HOLDERS handles on one lock guarding one row.
+
+    ``expire`` makes the current lease lapse behind its holder's back (the
+    holder still believes it holds the lock, like a paused process). The
+    model predicts every write: it succeeds exactly when the writer's token is
+    not older than the newest token written so far (and the row exists).
+    """
+    name = unique("prop")
+    row = Account.objects.create(owner="init")
+    backend = locks["default"]
+    handles = [lock(name, timeout=0, auto_renew=False, ttl=60) for _ in range(HOLDERS)]
+    loaded = [None] * HOLDERS  # each holder's copy of the row, read on acquire
+    current = None  # the index of the holder whose lease is live
+    newest = 0  # the newest token written to the row
+    expected = ("init", 0)  # (owner, balance) of the last successful write
+    exists = True
+    try:
+        for step, (op, i) in enumerate(ops):
+            h = handles[i]
+            if op == "acquire":
+                if h.lease is not None:
+                    continue
+                assert h.acquire() == (current is None)
+                if current is None:
+                    current = i
+                    loaded[i] = Account.objects.filter(pk=row.pk).first()
+            elif op == "expire":
+                if current is not None:
+                    lease = handles[current].lease
+                    assert backend.force_release(lease.name, lease.token)
+                    current = None
+            elif op == "release":
+                if h.lease is None:
+                    continue
+                if current == i:
+                    h.release()
+                    current = None
+                else:
+                    with pytest.raises(LockLost):
+                        h.release()
+            elif h.lease is not None:  # a write: save, update or delete
+                token = h.fencing_token
+                allowed = token >= newest
+                owner = f"h{i}s{step}"
+                if op == "save":
+                    if loaded[i] is None:
+                        continue
+                    loaded[i].owner, loaded[i].balance = owner, step
+                    write = loaded[i].save
+                elif op == "update":
+                    qs = Account.objects.filter(pk=row.pk).fenced(h)
+
+                    def write(fence, qs=qs, owner=owner, step=step):
+                        qs.update(owner=owner, balance=step)
+
+                else:
+                    if loaded[i] is None:
+                        continue
+                    write = loaded[i].delete
+                    loaded[i] = None
+                if not exists:
+                    # Nothing to fence against: a fenced update matches no
+                    # row; a save or delete of the gone row is refused.
+                    allowed = op == "update"
+                if allowed:
+                    write(fence=h)
+                    if exists:
+                        newest = token
+                        expected = (owner, step)
+                    if op == "delete":
+                        exists = False
+                else:
+                    with pytest.raises(StaleFencingToken):
+                        write(fence=h)
+            got = Account.objects.filter(pk=row.pk).first()
+            if not exists:
+                assert got is None
+            else:
+                assert (got.owner, got.balance) == expected
+                assert got.fencing_token == newest
+    finally:
+        for h in handles:
+            while h.lease is not None:
+                try:
+                    h.release()
+                except LockNotHeld:
+                    pass
+
+
+@pytest.mark.django_db(transaction=True)
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ops=OPS)
+def test_property_locmem(ops):
+    check_interleaving(ops)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_property_redis(redis_url):
+    @settings(max_examples=25, deadline=None)
+    @given(ops=OPS)
+    def run(ops):
+        check_interleaving(ops)
+
+    with override_settings(LOCKS=redis_locks(redis_url)):
+        run()
