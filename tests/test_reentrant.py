@@ -433,6 +433,27 @@ def test_recursive_model_method_under_decorated_view(reentrant):
     assert product.stock == 2
 
 
+def test_nested_row_lock_under_decorated_async_view(reentrant):
+    decorators = pytest.importorskip("django_distlock.decorators")
+    from django.http import HttpResponse
+
+    from tests.testapp.models import Product
+
+    @decorators.distributed_lock("testapp.product:<pk>", timeout=1)
+    async def view(request, pk):
+        async with lock_for(Product, pk=pk, timeout=0) as inner:
+            others = await asyncio.create_task(
+                lock_for(Product, pk=pk, timeout=0).aacquire()
+            )
+            return HttpResponse(f"{inner.fencing_token} {others}")
+
+    response = asyncio.run(view(RequestFactory().post("/"), pk=42))
+    assert response.status_code == 200
+    token, others = response.content.decode().split()
+    assert int(token) > 0 and others == "False"
+    assert in_thread(try_once, lock_name_for(Product, 42))
+
+
 # -- renewal -----------------------------------------------------------------
 
 
