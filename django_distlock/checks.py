@@ -20,6 +20,9 @@ distlock.E011  Redlock with fewer than 3 nodes.
 distlock.E012  ``OPTIONS["DATABASE"]`` names no ``DATABASES`` alias.
 distlock.E013  Unknown top-level key in a ``LOCKS`` entry.
 distlock.E014  ``OPTIONS["DATABASE"]`` is a database the DB backend cannot use.
+distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
+               to the view (registered in ``decorators.py``).
+distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.
@@ -28,6 +31,7 @@ distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.
 
 from __future__ import annotations
 
+import math
 from numbers import Real
 
 from django.conf import settings
@@ -141,7 +145,7 @@ def _check_entry(alias, params):
                 )
                 backend_cls = None
     ttl = params.get("TTL", 30)
-    if not _is_number(ttl) or not ttl > 0:
+    if not _is_number(ttl) or not (ttl > 0 and math.isfinite(ttl)):
         errors.append(
             _error(
                 "distlock.E005",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import threading
 import time
 import weakref
@@ -23,6 +24,13 @@ __all__ = ["Lock", "OnCommitLock", "lock", "lock_for"]
 
 acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
+
+
+def _check_seconds(what: str, value: float) -> float:
+    """Return ``value`` if it is a positive, finite number of seconds."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}.")
+    return value
 
 
 class _Default:
@@ -66,8 +74,8 @@ class Lock(ContextDecorator):
     ):
         if not isinstance(name, str):
             raise TypeError(f"A lock name must be a str, not {type(name).__name__}.")
-        if ttl is not None and not ttl > 0:
-            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}.")
+        if ttl is not None:
+            _check_seconds("ttl", ttl)
         if timeout is not DEFAULT and timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be None or >= 0, not {timeout!r}.")
         self.name = name
@@ -163,7 +171,7 @@ class Lock(ContextDecorator):
         it held it and lost it.
         """
         backend, lease = self._current()
-        seconds = self.ttl if seconds is None else seconds
+        seconds = self.ttl if seconds is None else _check_seconds("seconds", seconds)
         if not backend.extend(lease, seconds):
             self._lost(backend, lease, "extend found the lease gone")
 
@@ -214,7 +222,7 @@ class Lock(ContextDecorator):
     async def aextend(self, seconds: float | None = None) -> None:
         """Async twin of :meth:`extend`."""
         backend, lease = self._current()
-        seconds = self.ttl if seconds is None else seconds
+        seconds = self.ttl if seconds is None else _check_seconds("seconds", seconds)
         if not await backend.aextend(lease, seconds):
             self._lost(backend, lease, "extend found the lease gone")
 

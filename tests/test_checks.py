@@ -73,6 +73,7 @@ BROKEN = [
     pytest.param(entries(TTL="30"), "distlock.E005", id="E005-str"),
     pytest.param(entries(TTL=True), "distlock.E005", id="E005-bool"),
     pytest.param(entries(TTL=float("nan")), "distlock.E005", id="E005-nan"),
+    pytest.param(entries(TTL=float("inf")), "distlock.E005", id="E005-inf"),
     pytest.param(entries(TIMEOUT=-1), "distlock.E006", id="E006-negative"),
     pytest.param(entries(TIMEOUT="10"), "distlock.E006", id="E006-str"),
     pytest.param(entries(AUTO_RENEW="yes"), "distlock.E007", id="E007"),

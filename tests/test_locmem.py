@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from django_distlock import lock
+
 from .contract import LockBackendContract
+
+LOCMEM = "django_distlock.backends.locmem.LocMemLockBackend"
 
 
 class TestLocMemContract(LockBackendContract):
@@ -20,3 +24,41 @@ class TestLocMemContract(LockBackendContract):
                 "LOCATION": request.node.nodeid,
             }
         }
+
+
+class TestHandleArguments:
+    """The Lock handle validates its arguments before any backend call."""
+
+    @pytest.fixture(autouse=True)
+    def _locmem(self):
+        from django.test import override_settings
+
+        setting = {"default": {"BACKEND": LOCMEM, "LOCATION": "arguments"}}
+        with override_settings(LOCKS=setting):
+            yield
+
+    @pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf")])
+    def test_bad_ttl(self, ttl):
+        with pytest.raises(ValueError, match="ttl"):
+            lock("x", ttl=ttl)
+
+    def test_bad_timeout(self):
+        with pytest.raises(ValueError, match="timeout"):
+            lock("x", timeout=-1)
+        with pytest.raises(ValueError, match="timeout"):
+            lock("x").acquire(timeout=-2)
+
+    def test_name_must_be_str(self):
+        with pytest.raises(TypeError):
+            lock(b"x")
+
+    @pytest.mark.parametrize("seconds", [0, -5, float("nan"), float("inf")])
+    def test_bad_extend(self, seconds):
+        with lock("x") as held:
+            with pytest.raises(ValueError, match="seconds"):
+                held.extend(seconds)
+            assert held.locked()
+
+    def test_timeout_none_and_minus_one_wait_forever(self):
+        assert lock("x").acquire(timeout=None)
+        assert lock("y").acquire(timeout=-1)
