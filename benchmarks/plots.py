@@ -36,7 +36,9 @@ def ratio_bars(block: dict, title: str, path: Path, target: float | None) -> Pat
     p99 = [s[n].p(99) / floor for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(names) + 1.7))
     colors = [
-        FLOOR_COLOR if "floor" in n or n == block["floor"] else _color(n, "")
+        FLOOR_COLOR
+        if "floor" in n or "reference" in n or n == block["floor"]
+        else _color(n, "")
         for n in names
     ]
     ax.barh(names, p50, color=colors, height=0.65)

@@ -14,6 +14,7 @@ from .common import CAD_SCRIPT, TTL_MS, floor_cycle, token
 from .core import alternate, cycles
 
 FLOOR = "raw floor: SET NX PX + EVALSHA"
+BARE = "same commands on a bare socket + hiredis (reference)"
 DISTLOCK = "django_distlock lock(), auto_renew off"
 DISTLOCK_RENEW = "django_distlock lock(), auto_renew on"
 REDISPY = "redis-py Lock"
@@ -22,6 +23,7 @@ PRL = "python-redis-lock"
 PRL_RENEW = "python-redis-lock, auto_renewal"
 POTTERY = "pottery Redlock, 1 master"
 AFLOOR = "async raw floor (redis.asyncio)"
+APROTO = "async raw floor (bare asyncio Protocol + hiredis)"
 ADISTLOCK = "django_distlock async with lock(), auto_renew off"
 ADISTLOCK_RENEW = "django_distlock async with lock(), auto_renew on"
 
@@ -32,6 +34,71 @@ TARGETS = {
     ADISTLOCK: (DISTLOCK, 1.20),
     ADISTLOCK_RENEW: (DISTLOCK_RENEW, 1.20),
 }
+
+
+def _bare_cycle(url: str, key: str):
+    """The floor's two commands with no client library at all.
+
+    A blocking socket, hiredis to pack and parse, no timeouts, pool or
+    reconnects: not a usable client, but it shows how much of the floor is
+    redis-py's own Python work rather than the round trips.
+    """
+    import socket
+
+    import hiredis
+    import redis
+
+    where = redis.connection.parse_url(url)
+    sock = socket.create_connection((where["host"], where["port"]))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reader = hiredis.Reader()
+
+    def call(*args):
+        sock.sendall(hiredis.pack_command(args))
+        while (reply := reader.gets()) is False:
+            reader.feed(sock.recv(65536))
+        return reply
+
+    sha = call("SCRIPT", "LOAD", CAD_SCRIPT)
+
+    def cycle():
+        tok = token()
+        if call("SET", key, tok, "NX", "PX", TTL_MS) != b"OK":
+            raise RuntimeError("bare floor: key unexpectedly held")
+        call("EVALSHA", sha, 1, key, tok)
+
+    return cycle
+
+
+class _RespProtocol(asyncio.Protocol):
+    """The least an asyncio Redis client can do: write, then await one reply.
+
+    No pool, no retries, no timeouts: it shows what asyncio itself costs, so
+    the redis.asyncio floor above it shows what the client library adds.
+    """
+
+    def __init__(self) -> None:
+        import hiredis
+
+        self.reader = hiredis.Reader()
+        self.waiting: list[asyncio.Future] = []
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            self.waiting.pop(0).set_result(reply)
+
+    def call(self, *args) -> asyncio.Future:
+        import hiredis
+
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self.transport.write(hiredis.pack_command(args))
+        return future
 
 
 def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
@@ -47,6 +114,7 @@ def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
     aclient = aredis.Redis.from_url(url)
     runners = {}
     runners[FLOOR] = cycles(floor_cycle(client, "bench:u:floor"))
+    runners[BARE] = cycles(_bare_cycle(url, "bench:u:bare"))
 
     def distlock():
         with lock("bench:u:distlock", auto_renew=False):
@@ -102,6 +170,25 @@ def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
             out.append(clock() - t0)
         return out
 
+    import redis as _redis
+
+    where = _redis.connection.parse_url(url)
+    _, proto = loop.run_until_complete(
+        loop.create_connection(_RespProtocol, where["host"], where["port"])
+    )
+
+    async def aproto(n):
+        out = []
+        for _ in range(n):
+            t0 = clock()
+            tok = token()
+            ok = await proto.call("SET", "bench:u:aproto", tok, "NX", "PX", TTL_MS)
+            if ok != b"OK":
+                raise RuntimeError("async protocol floor: key unexpectedly held")
+            await proto.call("EVALSHA", sha, 1, "bench:u:aproto", tok)
+            out.append(clock() - t0)
+        return out
+
     def alock(name, renew):
         async def batch(n):
             out = []
@@ -118,6 +205,7 @@ def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
         return lambda n: loop.run_until_complete(batch(n))
 
     runners[AFLOOR] = on_loop(afloor)
+    runners[APROTO] = on_loop(aproto)
     runners[ADISTLOCK] = on_loop(alock("bench:u:adistlock", False))
     runners[ADISTLOCK_RENEW] = on_loop(alock("bench:u:adistlock-renew", True))
     return runners
