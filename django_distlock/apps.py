@@ -10,4 +10,7 @@ class DistlockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the checks)
+        from . import (
+            checks,  # noqa: F401  (registers the checks)
+            decorators,  # noqa: F401  (registers the URL placeholder check)
+        )

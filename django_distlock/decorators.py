@@ -11,6 +11,11 @@ dotted path to a view ``(request, exception)`` in the manner of Django's
 ``CSRF_FAILURE_VIEW``; the exception is a
 :class:`~django_distlock.exceptions.LockNotAcquired` or a
 :class:`~django_distlock.exceptions.LockBackendError`.
+
+System checks: ``distlock.E020`` when a name template's ``<placeholder>``
+matches no URL kwarg of a route to the view (the request would fail with
+ImproperlyConfigured), ``distlock.E021`` when ``DISTLOCK_LOCKED_VIEW`` cannot
+be imported.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction as asgiref_iscoroutinefunction
 from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
@@ -220,9 +226,81 @@ def distributed_lock(
                 with _Entered(held):
                     return view_func(request, *args, **kwargs)
 
-        return wraps(view_func)(_view_wrapper)
+        wrapper = wraps(view_func)(_view_wrapper)
+        # For the URL check (distlock.E020): the placeholders this view needs.
+        wrapper.distributed_lock_placeholders = (
+            tuple(PLACEHOLDER.findall(template_or_callable))
+            if isinstance(template_or_callable, str)
+            else ()
+        )
+        return wrapper
 
     return decorator
+
+
+@register(Tags.urls)
+def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """Report ``<name>`` placeholders that no URL pattern of the view provides."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    errors: list[CheckMessage] = []
+
+    def needs(callback) -> list[str]:
+        # as_view() copies dispatch()'s attributes onto the view function.
+        found = list(getattr(callback, "distributed_lock_placeholders", ()))
+        view_class = getattr(callback, "view_class", None)
+        if view_class is not None:
+            for attr in view_class.http_method_names:
+                method = getattr(view_class, attr, None)
+                found += getattr(method, "distributed_lock_placeholders", ())
+        return list(dict.fromkeys(found))
+
+    def walk(patterns, given: frozenset, route: str) -> None:
+        for entry in patterns:
+            names = given | set(entry.pattern.regex.groupindex)
+            names |= set(getattr(entry, "default_kwargs", {}) or {})
+            here = route + str(entry.pattern)
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, frozenset(names), here)
+            elif isinstance(entry, URLPattern):
+                names |= set(entry.default_args or {})
+                for placeholder in needs(entry.callback):
+                    if placeholder not in names:
+                        errors.append(
+                            Error(
+                                f"distributed_lock on view "
+                                f"{entry.lookup_str}: placeholder <{placeholder}> "
+                                f"matches no URL kwarg of the route {here!r}.",
+                                hint="Name the URL parameter like the placeholder, "
+                                "or build the name with a callable.",
+                                obj=entry.lookup_str,
+                                id="distlock.E020",
+                            )
+                        )
+
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # a broken URLconf is reported by Django's own check
+        return errors
+    walk(patterns, frozenset(), "")
+    return errors
+
+
+@register()
+def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """Report a ``DISTLOCK_LOCKED_VIEW`` that cannot be imported."""
+    try:
+        _settings_handler()
+    except ImproperlyConfigured as e:
+        return [
+            Error(
+                str(e),
+                hint="Give the dotted path of a view taking (request, exception).",
+                obj="settings.DISTLOCK_LOCKED_VIEW",
+                id="distlock.E021",
+            )
+        ]
+    return []
 
 
 def _in_event_loop() -> bool:

@@ -151,6 +151,7 @@ def test_default_answers():
     assert locked_view(None, LockBackendError("x")).status_code == 503
 
 
+@override_settings(ROOT_URLCONF="tests.urls_placeholders")
 def test_unknown_placeholder_names_placeholder_and_view(backend_kind):
     with pytest.raises(ImproperlyConfigured) as info:
         Client().get("/misconfigured/m1/")
@@ -158,6 +159,31 @@ def test_unknown_placeholder_names_placeholder_and_view(backend_kind):
     assert "<colour>" in message
     assert "tests.views.misconfigured" in message
     assert "sku" in message
+    # Given by an enclosing route or as an extra kwarg: fine.
+    assert Client().get("/shop/blue/m1/").status_code == 200
+    assert Client().get("/fixed/m1/").status_code == 200
+
+
+@override_settings(ROOT_URLCONF="tests.urls_placeholders")
+def test_system_check_reports_unknown_placeholders():
+    from django.core.checks import run_checks
+
+    errors = [m for m in run_checks() if m.id == "distlock.E020"]
+    assert len(errors) == 2
+    by_route = {e.msg.split("route ")[1] for e in errors}
+    assert by_route == {"'misconfigured/<str:sku>/'.", "'cbv/<str:item>/'."}
+    assert all("tests.views." in e.msg for e in errors)
+    assert any("<colour>" in e.msg for e in errors)
+    assert any("<sku>" in e.msg and "BuyView" in e.msg for e in errors)
+
+
+def test_system_check_clean_for_the_suite_urls():
+    from django.core.checks import run_checks
+
+    assert [m for m in run_checks() if m.id in ("distlock.E020", "distlock.E021")] == []
+    with override_settings(DISTLOCK_LOCKED_VIEW="tests.views.nope"):
+        (error,) = [m for m in run_checks() if m.id == "distlock.E021"]
+        assert "tests.views.nope" in error.msg
 
 
 def test_callable_name(backend_kind):

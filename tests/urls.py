@@ -10,7 +10,6 @@ urlpatterns = [
     path("abuy/<str:sku>/", views.abuy),
     path("cbv/<str:sku>/", views.BuyView.as_view()),
     path("acbv/<str:sku>/", views.AsyncBuyView.as_view()),
-    path("misconfigured/<str:sku>/", views.misconfigured),
     path("custom/<str:sku>/", views.buy_custom),
     path("by-callable/", views.by_callable),
     path("echo/<path:anything>", views.echo_name),

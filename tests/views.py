@@ -51,7 +51,7 @@ class AsyncBuyView(View):
 
 
 @distributed_lock("inventory:<sku>:<colour>", timeout=0)
-def misconfigured(request, sku):
+def misconfigured(request, sku, **kwargs):
     return HttpResponse("never")
 
 
