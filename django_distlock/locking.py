@@ -500,9 +500,8 @@ class OnCommitLock(Lock):
     of a savepoint enclosing the block (which undoes the block's writes),
     Django discards the on_commit callbacks it registered; the callback
     object is then freed and a :func:`weakref.finalize` attached to it
-    releases the lease at once. Should anything keep the callback alive, the
-    lease still ends: the watchdog stops renewing a lease whose handle is
-    garbage collected, and it expires after its ttl.
+    releases the lease at once. Closing the connection discards them too, so
+    a connection dropped mid-transaction also releases the lock.
 
     Entering the lock again (through any handle for the same name) in the
     same transaction adopts the pending lease instead of waiting for itself.
