@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models.signals import post_save, pre_save
 from django.test import override_settings
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from django_distlock import lock, lock_for, locks
@@ -621,13 +621,16 @@ class TestPause:
 # ---------------------------------------------------------------------------
 
 HOLDERS = 3
+# Holder 0 takes the lock, its lease lapses and holder 1 takes it over.
+PAUSE = [("acquire", 0), ("takeover", 1)]
+LOCMEM = "django_distlock.backends.locmem.LocMemLockBackend"
+# Weighted: a delete ends the row's story, so it comes up less often.
+OP_NAMES = ["acquire", "takeover", "takeover", "expire", "release"]
+OP_NAMES += ["save"] * 3 + ["update"] * 2 + ["delete"]
 OPS = st.lists(
-    st.tuples(
-        st.sampled_from(["acquire", "expire", "release", "save", "update", "delete"]),
-        st.integers(0, HOLDERS - 1),
-    ),
-    min_size=1,
-    max_size=25,
+    st.tuples(st.sampled_from(OP_NAMES), st.integers(0, HOLDERS - 1)),
+    min_size=4,
+    max_size=30,
 )
 
 
@@ -635,7 +638,9 @@ def check_interleaving(ops):
     """Play ``ops`` with HOLDERS handles on one lock guarding one row.
 
     ``expire`` makes the current lease lapse behind its holder's back (the
-    holder still believes it holds the lock, like a paused process). The
+    holder still believes it holds the lock, like a paused process);
+    ``takeover`` expires it and lets holder ``i`` acquire. Writes and releases
+    are made by one of the holders that believe they hold the lock. The
     model predicts every write: it succeeds exactly when the writer's token is
     not older than the newest token written so far (and the row exists).
     """
@@ -650,8 +655,22 @@ def check_interleaving(ops):
     exists = True
     try:
         for step, (op, i) in enumerate(ops):
+            if op in ("save", "update", "delete", "release"):
+                # Done by one of the holders that believe they hold the lock,
+                # oldest lease first (hypothesis favours small indexes).
+                holding = sorted(
+                    (k for k in range(HOLDERS) if handles[k].lease is not None),
+                    key=lambda k: handles[k].fencing_token,
+                )
+                if not holding:
+                    continue
+                i = holding[i % len(holding)]
             h = handles[i]
-            if op == "acquire":
+            if op in ("expire", "takeover") and current is not None:
+                lease = handles[current].lease
+                assert backend.force_release(lease.name, lease.token)
+                current = None
+            if op in ("acquire", "takeover"):
                 if h.lease is not None:
                     continue
                 assert h.acquire() == (current is None)
@@ -659,10 +678,7 @@ def check_interleaving(ops):
                     current = i
                     loaded[i] = Account.objects.filter(pk=row.pk).first()
             elif op == "expire":
-                if current is not None:
-                    lease = handles[current].lease
-                    assert backend.force_release(lease.name, lease.token)
-                    current = None
+                pass
             elif op == "release":
                 if h.lease is None:
                     continue
@@ -721,23 +737,31 @@ def check_interleaving(ops):
                     pass
 
 
-@pytest.mark.django_db(transaction=True)
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param(b, marks=[pytest.mark.django_db(transaction=True)])
+        for b in ("locmem", "redis", "database")
+    ],
 )
-@given(ops=OPS)
-def test_property_locmem(ops):
-    check_interleaving(ops)
+def test_property(request, backend):
+    if backend == "locmem":
+        setting = {"default": {"BACKEND": LOCMEM}}
+    else:
+        setting = backend_locks(request, backend, "default")
 
-
-@pytest.mark.django_db(transaction=True)
-def test_property_redis(redis_url):
-    @settings(max_examples=25, deadline=None)
+    @settings(
+        max_examples=100 if backend == "locmem" else 50,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
     @given(ops=OPS)
+    @example(ops=PAUSE + [("save", 1), ("save", 0)])  # the pause test, in short
+    @example(ops=PAUSE + [("update", 1), ("update", 0), ("delete", 0)])
+    @example(ops=PAUSE + [("delete", 1), ("save", 0), ("update", 0)])
+    @example(ops=PAUSE + [("save", 0), ("save", 1), ("save", 0), ("release", 0)])
     def run(ops):
         check_interleaving(ops)
 
-    with override_settings(LOCKS=redis_locks(redis_url)):
+    with override_settings(LOCKS=setting):
         run()
