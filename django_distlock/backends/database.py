@@ -211,11 +211,11 @@ class Dialect:
             ),
             "delete": f"DELETE FROM {table} WHERE id IN ",
         }
-        # Multi-statement, PostgreSQL only (one implicit transaction).
-        sql["release_async"] = "SET LOCAL synchronous_commit TO OFF; " + sql["release"]
-        sql["notify"] = "SELECT pg_notify(%s, '')"
-        sql["release_notify"] = sql["release_async"] + "; " + sql["notify"]
+        self.extend_sql(sql)
         return {key: self.prepare(value) for key, value in sql.items()}
+
+    def extend_sql(self, sql: dict[str, str]) -> None:
+        """Add or change vendor-specific statements in ``sql``."""
 
 
 class PostgresDialect(Dialect):
@@ -225,6 +225,21 @@ class PostgresDialect(Dialect):
     now = "clock_timestamp()"
     later = "clock_timestamp() + make_interval(secs => %s)"
     remaining = "EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))"
+
+    def extend_sql(self, sql: dict[str, str]) -> None:
+        # A release need not wait for the WAL flush: if a server crash loses
+        # it, the lock stays taken until its lease expires, and the next
+        # acquisition's flush makes it durable anyway. set_config(..., true)
+        # turns synchronous_commit off for this statement's own transaction.
+        sql["release"] += (
+            " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+        )
+        # WAIT = "notify": the notification goes out when the release commits.
+        sql["release_notify"] = (
+            f"WITH r AS ({sql['release']} RETURNING 1) "
+            "SELECT count(*), pg_notify(%s, '') IS NULL FROM r"
+        )
+        sql["notify"] = "SELECT pg_notify(%s, '') IS NULL"
 
 
 class MySQLDialect(Dialect):
@@ -285,9 +300,10 @@ def _close_raw(wrapper: Any, pid: int) -> None:
 class _Connection:
     """One thread's private connection to the lock database."""
 
-    def __init__(self, wrapper: Any):
+    def __init__(self, wrapper: Any, prepared: bool = False):
         self.wrapper = wrapper
         self.pid = os.getpid()
+        self.prepared = prepared
         self._cursor: Any = None
         self.errors = (wrapper.Database.Error, _django_db_error())
         self.finalizer = weakref.finalize(self, _close_raw, wrapper, self.pid)
@@ -296,7 +312,13 @@ class _Connection:
         """Return the driver's own cursor (no Django wrapping on the hot path)."""
         if self._cursor is None or self.wrapper.connection is None:
             self.wrapper.ensure_connection()
-            self._cursor = self.wrapper.connection.cursor()
+            if self.prepared:
+                import psycopg
+
+                # Server-side binding, whatever Django's cursor_factory is.
+                self._cursor = psycopg.Cursor(self.wrapper.connection)
+            else:
+                self._cursor = self.wrapper.connection.cursor()
         return self._cursor
 
     def reset(self) -> None:
@@ -312,27 +334,6 @@ class _Connection:
             return self.wrapper.is_usable()
         except Exception:  # noqa: BLE001 - any failure means unusable
             return False
-
-
-_CLIENT_SIDE: dict[type, bool] = {}
-
-
-def _client_side_pg(cursor: Any) -> bool:
-    """Return True for a psycopg 3 cursor that binds parameters client-side.
-
-    Only those send a query with several statements in one round trip.
-    """
-    kind = type(cursor)
-    known = _CLIENT_SIDE.get(kind)
-    if known is None:
-        try:
-            from psycopg import ClientCursor
-        except ImportError:
-            known = False
-        else:
-            known = issubclass(kind, ClientCursor)
-        _CLIENT_SIDE[kind] = known
-    return known
 
 
 class _SharedConnection(_Connection):
@@ -364,6 +365,24 @@ class _SharedConnection(_Connection):
 
     def reset(self) -> None:
         """Leave Django's connection to Django."""
+
+
+def _can_prepare(wrapper: Any) -> bool:
+    """Return True if statements on ``wrapper``'s database may be prepared.
+
+    PostgreSQL with psycopg 3, unless ``DISABLE_SERVER_SIDE_CURSORS`` says a
+    transaction pooler (PgBouncer) sits in between: prepared statements do
+    not survive it.
+    """
+    if wrapper.vendor != "postgresql" or wrapper.settings_dict.get(
+        "DISABLE_SERVER_SIDE_CURSORS"
+    ):
+        return False
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return False
+    return getattr(wrapper.Database, "__name__", "") == "psycopg"
 
 
 def _channel(digest: str) -> str:
@@ -416,6 +435,7 @@ class DatabaseLockBackend(BaseLockBackend):
         self._setup_lock = threading.Lock()
         self._sql: dict[str, str] | None = None
         self._in_memory = False
+        self._prepared = False
         self._dialect: Dialect | None = None
         _backends.add(self)
 
@@ -555,6 +575,7 @@ class DatabaseLockBackend(BaseLockBackend):
             table = wrapper.ops.quote_name(LockRecord._meta.db_table)
             self._integrity_error = wrapper.Database.IntegrityError
             self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
+            self._prepared = _can_prepare(wrapper)
             self._dialect = dialect
             self._sql = dialect.build(table)
 
@@ -589,7 +610,7 @@ class DatabaseLockBackend(BaseLockBackend):
             if self._in_memory:
                 conn = _SharedConnection(self.database)
             else:
-                conn = _Connection(self._new_wrapper())
+                conn = _Connection(self._new_wrapper(), self._prepared)
             self._local.conn = conn
             self._connections.add(conn)
         return conn
@@ -648,6 +669,13 @@ class DatabaseLockBackend(BaseLockBackend):
             f"{self.database!r}: {message}{hint}"
         )
 
+    def _execute(self, cursor: Any, key: str, params: tuple) -> None:
+        """Run statement ``key``; prepared once per connection where possible."""
+        if self._prepared:
+            cursor.execute(self._sql[key], params, prepare=True)
+        else:
+            cursor.execute(self._sql[key], params)
+
     def _transaction(self, cursor: Any, body: Callable[[Any], Any]) -> Any:
         if self._in_memory and cursor.connection.in_transaction:
             # Only on the caller's own connection (in-memory SQLite).
@@ -688,10 +716,11 @@ class DatabaseLockBackend(BaseLockBackend):
         identity: tuple[str, int, str],
     ) -> tuple[int | None, float]:
         """Try once. Return ``(fence, 0)`` or ``(None, seconds worth waiting)``."""
-        sql, dialect = self._sql, self._dialect
+        dialect = self._dialect
         host, pid, thread = identity
         ttl_p = dialect.ttl_param(ttl)
-        cursor.execute(sql["acquire"], (token, host, pid, thread, ttl_p, digest, token))
+        run = self._execute
+        run(cursor, "acquire", (token, host, pid, thread, ttl_p, digest, token))
         if dialect.returning:
             # fetchall, not fetchone: SQLite commits when the statement ends.
             rows = cursor.fetchall()
@@ -699,7 +728,7 @@ class DatabaseLockBackend(BaseLockBackend):
                 return int(rows[0][0]), 0.0
         elif cursor.rowcount:
             return int(cursor.lastrowid), 0.0
-        cursor.execute(sql["probe"], (digest,))
+        run(cursor, "probe", (digest,))
         rows = cursor.fetchall()
         if not rows:
             fence = self._transaction(
@@ -724,9 +753,8 @@ class DatabaseLockBackend(BaseLockBackend):
         # Inside a transaction. The shared lock on the floor row keeps
         # clear_stale() from deleting rows (and raising the floor) meanwhile,
         # so a re-created row starts above every fence its name ever had.
-        sql = self._sql
-        cursor.execute(sql["ensure_floor"])
-        cursor.execute(sql["floor_shared"])
+        self._execute(cursor, "ensure_floor", ())
+        self._execute(cursor, "floor_shared", ())
         floor = int(cursor.fetchall()[0][0])
         host, pid, thread = identity
         params = (
@@ -742,54 +770,42 @@ class DatabaseLockBackend(BaseLockBackend):
         )
         if self.dialect.vendor == "mysql":
             try:
-                cursor.execute(sql["create"], params)
+                self._execute(cursor, "create", params)
             except self._integrity_error:
                 return None  # another creator won; the caller polls
         else:
-            cursor.execute(sql["create"], params)
+            self._execute(cursor, "create", params)
             if cursor.rowcount != 1:
                 return None
         return floor + 1
 
     def _extend_once(self, cursor: Any, digest: str, token: str, ttl: float) -> bool:
-        cursor.execute(
-            self._sql["extend"], (self._dialect.ttl_param(ttl), digest, token)
-        )
+        self._execute(cursor, "extend", (self._dialect.ttl_param(ttl), digest, token))
         return cursor.rowcount == 1
 
     def _release_once(self, cursor: Any, digest: str, token: str) -> bool:
-        if _client_side_pg(cursor):
-            # A release need not wait for the WAL flush: if a server crash
-            # loses it, the lock stays taken until its lease expires, and the
-            # next acquisition's flush makes it durable anyway. A notification
-            # (WAIT = "notify") goes out when the release commits.
-            if self.wait_notify:
-                params = (digest, token, _channel(digest))
-                cursor.execute(self._sql["release_notify"], params)
-            else:
-                cursor.execute(self._sql["release_async"], (digest, token))
-            cursor.nextset()
+        run = self._execute
+        if self.wait_notify:
+            run(cursor, "release_notify", (digest, token, _channel(digest)))
+            released = cursor.fetchall()[0][0] == 1
         else:
-            cursor.execute(self._sql["release"], (digest, token))
-            if self.wait_notify and cursor.rowcount == 1:
-                cursor.execute(self._sql["notify"], (_channel(digest),))
-                cursor.fetchall()
-                return True
-        if cursor.rowcount == 1:
+            run(cursor, "release", (digest, token))
+            released = cursor.rowcount == 1
+        if released:
             return True
         # Expired (not yet taken over): clear it anyway, but report the loss.
-        cursor.execute(self._sql["drop"], (digest, token))
+        run(cursor, "drop", (digest, token))
         return False
 
     def _is_held_once(self, cursor: Any, digest: str, token: str) -> bool:
-        cursor.execute(self._sql["is_held"], (digest, token))
+        self._execute(cursor, "is_held", (digest, token))
         return bool(cursor.fetchall())
 
     def _drop_once(self, cursor: Any, digest: str, token: str) -> bool:
-        cursor.execute(self._sql["drop"], (digest, token))
+        self._execute(cursor, "drop", (digest, token))
         dropped = cursor.rowcount == 1
         if dropped and self.wait_notify:
-            cursor.execute(self._sql["notify"], (_channel(digest),))
+            self._execute(cursor, "notify", (_channel(digest),))
             cursor.fetchall()
         return dropped
 
@@ -993,7 +1009,7 @@ class DatabaseLockBackend(BaseLockBackend):
     # -- listing and clearing ---------------------------------------------
 
     def _holder_rows(self, cursor: Any) -> list[tuple]:
-        cursor.execute(self._sql["holders"], (self.key_prefix,))
+        self._execute(cursor, "holders", (self.key_prefix,))
         return list(cursor.fetchall())
 
     def holders(self, prefix: str = "") -> Iterator[Holder]:
@@ -1019,18 +1035,18 @@ class DatabaseLockBackend(BaseLockBackend):
 
     def _clear_stale_once(self, cursor: Any) -> int:
         sql = self._sql
-        cursor.execute(sql["ensure_floor"])
+        self._execute(cursor, "ensure_floor", ())
 
         def clear(cur: Any) -> int:
             # Lock the floor, then the rows to delete: creators wait on the
             # floor, acquirers on their row, so nothing changes under us.
-            cur.execute(sql["floor_locked"])
-            cur.execute(sql["stale"], (self.key_prefix,))
+            self._execute(cur, "floor_locked", ())
+            self._execute(cur, "stale", (self.key_prefix,))
             rows = cur.fetchall()
             if not rows:
                 return 0
             top = max(int(fence) for _, fence, _ in rows)
-            cur.execute(sql["raise_floor"], (top, top))
+            self._execute(cur, "raise_floor", (top, top))
             ids = [row[0] for row in rows]
             mark = "?" if self.dialect.vendor == "sqlite" else "%s"
             for i in range(0, len(ids), DELETE_CHUNK):
