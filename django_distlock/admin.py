@@ -10,7 +10,8 @@ Holders come straight from the backends (``holders()``), in the order the
 backend lists them (Redis: SCAN order). A page only reads as many holders as
 it shows plus the ones before it, so the first pages stay fast with 100,000
 holders; the total is not counted, as with the admin's
-``show_full_result_count = False``.
+``show_full_result_count = False``. A search reads every holder of the
+filtered backends (a full SCAN on Redis): seconds with 100,000 holders.
 """
 
 from __future__ import annotations
