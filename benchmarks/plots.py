@@ -56,7 +56,7 @@ def ratio_bars(block: dict, title: str, path: Path, target: float | None) -> Pat
         ax.axvline(target, color="red", ls="--", lw=1, label=f"target {target}x")
     ax.axvline(1.0, color=FLOOR_COLOR, lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlim(0.7, max(p99 + p50) * 1.6)
+    ax.set_xlim(min(0.7, min(p50) * 0.6), max(p99 + p50) * 1.6)
     ax.set_xlabel("cycle time as a multiple of the floor's p50 (log scale)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="lower right")

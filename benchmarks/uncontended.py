@@ -14,7 +14,7 @@ from .common import CAD_SCRIPT, TTL_MS, floor_cycle, token
 from .core import alternate, cycles
 
 FLOOR = "raw floor: SET NX PX + EVALSHA"
-BARE = "same commands on a bare socket + hiredis (reference)"
+BARE = "reference: same commands, bare socket + hiredis"
 DISTLOCK = "django_distlock lock(), auto_renew off"
 DISTLOCK_RENEW = "django_distlock lock(), auto_renew on"
 REDISPY = "redis-py Lock"
@@ -23,7 +23,7 @@ PRL = "python-redis-lock"
 PRL_RENEW = "python-redis-lock, auto_renewal"
 POTTERY = "pottery Redlock, 1 master"
 AFLOOR = "async raw floor (redis.asyncio)"
-APROTO = "async raw floor (bare asyncio Protocol + hiredis)"
+APROTO = "reference: async, bare asyncio protocol + hiredis"
 ADISTLOCK = "django_distlock async with lock(), auto_renew off"
 ADISTLOCK_RENEW = "django_distlock async with lock(), auto_renew on"
 
