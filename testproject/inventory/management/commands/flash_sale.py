@@ -155,5 +155,7 @@ class Command(BaseCommand):
         line("  open http://127.0.0.1:8000/admin/django_distlock/lock/")
         line("  and run scripts/demo again in another terminal.")
         line(f"  (or list them here: {python}/python {manage} locks list)")
+        if not unlocked:
+            line("The same sale without the lock: scripts/demo --unlocked")
         if oversold and not unlocked:
             raise CommandError(f"Oversold {oversold} items: the lock failed.")
