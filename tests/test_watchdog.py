@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import weakref
 
 import pytest
 from django.test import override_settings
@@ -56,13 +57,18 @@ def test_renewal_is_due_after_a_third_of_the_ttl():
     held.release()
 
 
+def scheduled(lease) -> bool:
+    """Return True if the thread watchdog is renewing ``lease``."""
+    return id(lease) in get_watchdog()._schedule.entries
+
+
 def test_one_thread_renews_many_leases(renew_calls):
-    baseline = len(get_watchdog())
     handles = [lock(f"many:{i}", ttl=TTL) for i in range(20)]
     for h in handles:
         assert h.acquire()
+    leases = [h.lease for h in handles]
     try:
-        assert len(get_watchdog()) == baseline + 20
+        assert all(scheduled(lease) for lease in leases)
         time.sleep(TTL * 3)
         assert len(watchdog_threads()) == 1
         for h in handles:
@@ -73,7 +79,7 @@ def test_one_thread_renews_many_leases(renew_calls):
     finally:
         for h in handles:
             h.release()
-    assert len(get_watchdog()) == baseline
+    assert not any(scheduled(lease) for lease in leases)
 
 
 def test_released_lease_is_no_longer_renewed(renew_calls):
@@ -85,17 +91,14 @@ def test_released_lease_is_no_longer_renewed(renew_calls):
 
 
 def test_garbage_collected_handle_is_not_renewed_forever():
-    baseline = len(get_watchdog())
     held = lock("gc", ttl=TTL)
     held.acquire()
-    assert len(get_watchdog()) == baseline + 1
+    lease = weakref.ref(held.lease)
+    assert scheduled(lease())
     del held
     gc.collect()
-    # The renewal loop forgets it at its next pass, and the lease expires.
-    deadline = time.monotonic() + 10
-    while len(get_watchdog()) > baseline and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(get_watchdog()) == baseline
+    assert lease() is None  # the watchdog kept no strong reference
+    # Its entry is dropped at the next pass, and the lease expires.
     started = time.monotonic()
     with lock("gc", timeout=10):
         assert time.monotonic() - started < 5
