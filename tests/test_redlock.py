@@ -586,3 +586,43 @@ def test_no_quorum_never_hangs_even_when_waiting_forever(nodes):
     with pytest.raises(LockBackendError):
         backend.acquire("forever", 5, None)
     assert time.monotonic() - started < 5
+
+
+def test_async_paused_node_and_majority_down(nodes):
+    async def main():
+        backend = backend_for(nodes, NODE_TIMEOUT=0.3)
+        lease = await backend.aacquire("ap", 5, 0)
+        await backend.arelease(lease)
+        nodes[0].pause()
+        nodes[1].pause()
+        try:
+            started = time.monotonic()
+            lease = await backend.aacquire("ap", 5, 0)
+            assert lease is not None
+            # One shared deadline for both stopped nodes.
+            assert time.monotonic() - started < 0.6 + 0.5
+            assert await backend.arenew([lease]) == [True]
+            assert await backend.arelease(lease) is True
+        finally:
+            nodes[0].resume()
+            nodes[1].resume()
+        for server in nodes[2:]:
+            server.kill()
+        started = time.monotonic()
+        with pytest.raises(LockBackendError):
+            await backend.aacquire("ap", 5, 1)
+        assert time.monotonic() - started < 1 + 1 + 1
+        for server in nodes[2:]:
+            server.start()
+        lease = await backend.aacquire("ap", 5, 5)
+        assert lease is not None
+        # A waiter in another task is woken by the release.
+        waiter = asyncio.ensure_future(backend.aacquire("ap", 5, 10))
+        await asyncio.sleep(0.1)
+        released = time.monotonic()
+        await backend.arelease(lease)
+        second = await waiter
+        assert second is not None
+        assert time.monotonic() - released < 0.9  # below the 1 s wait slice
+
+    asyncio.run(main())

@@ -972,7 +972,10 @@ class RedlockBackend(BaseLockBackend):
     def _node_client(self, i: int):
         import redis
 
-        return redis.Redis.from_url(self.locations[i], **self._conn_kwargs())
+        # Listing may scan many keys: a patient timeout, not NODE_TIMEOUT.
+        kwargs = self._conn_kwargs()
+        kwargs["socket_timeout"] = max(self.node_timeout, 5.0)
+        return redis.Redis.from_url(self.locations[i], **kwargs)
 
     def holders(self, prefix: str = "") -> Iterator[Holder]:
         """Yield the locks that a quorum of nodes hold with the same token."""
