@@ -626,3 +626,45 @@ def test_async_paused_node_and_majority_down(nodes):
         assert time.monotonic() - released < 0.9  # below the 1 s wait slice
 
     asyncio.run(main())
+
+
+def _worker_take_and_save(account_pk: int) -> int:
+    """Take ``held`` (from another process) and save the account under it."""
+    from tests.testapp.models import Account
+
+    with lock("held", ttl=30, timeout=10, auto_renew=False) as held:
+        account = Account.objects.get(pk=account_pk)
+        account.balance = 2
+        account.save(fence=held)
+        return held.fencing_token
+
+
+@pytest.mark.django_db(transaction=True)
+def test_node_restarted_empty_fencing_across_processes(nodes):
+    """The bare-quorum overlap again, with a second process and a real row:
+    the newer holder's save stands, the older holder's late save is refused."""
+    from django_distlock import StaleFencingToken
+    from tests.testapp.models import Account
+
+    from .procs import run_in_processes
+
+    account = Account.objects.create(owner="o", balance=0)
+    with override_settings(LOCKS=redlock_locks(nodes)):
+        nodes[3].kill()
+        nodes[4].kill()
+        held = lock("held", ttl=30, timeout=5, auto_renew=False)
+        assert held.acquire()  # on exactly 3 of 5 nodes
+        nodes[3].start()
+        nodes[4].start()
+        time.sleep(1.05)
+        nodes[0].restart()  # loses the lease: now only 2 of 5 hold it
+        [token] = run_in_processes(_worker_take_and_save, [(account.pk,)])
+        assert token > held.fencing_token
+        account.balance = 1
+        with pytest.raises(StaleFencingToken):
+            account.save(fence=held)
+        account.refresh_from_db()
+        assert account.balance == 2
+        with pytest.raises(LockLost):
+            held.release()  # a majority says the lease is gone
+        locks.reset()

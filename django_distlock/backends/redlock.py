@@ -92,12 +92,14 @@ class Fanout:
 
     The executor answers with one entry per node: the list of replies, or a
     :class:`_Failed`. ``skip_quarantined`` leaves out nodes that restarted
-    too recently to be trusted with a new lease.
+    too recently to be trusted with a new lease; ``force`` asks nodes even
+    while they are marked down.
     """
 
     commands: list[tuple]
     nodes: list[int] | None = None
     skip_quarantined: bool = False
+    force: bool = False
 
 
 @dataclass
@@ -422,7 +424,7 @@ class RedlockBackend(BaseLockBackend):
         targets = []
         for i in nodes:
             node = self.nodes[i]
-            if node.down_until > now:
+            if node.down_until > now and not step.force:
                 results[i] = _Failed(f"skipped after: {node.last_error}")
             elif step.skip_quarantined and node.quarantine_until > now:
                 results[i] = _Failed("restarted recently (RESTART_DELAY)")
@@ -866,18 +868,38 @@ class RedlockBackend(BaseLockBackend):
                 ok += 1
         return ok, failed
 
-    def _release_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
-        results = yield Fanout(
-            [self._release_command(self.keys_for(lease.name), lease.token)]
-        )
+    def _quorum_steps(
+        self, command: tuple, name: str
+    ) -> Generator[Any, Any, tuple[int, int, list]]:
+        """Send ``command`` everywhere; ask the failed nodes again if they decide.
+
+        Return (nodes that answered 1, nodes that failed twice, last results).
+        The second try reconnects to nodes whose connection broke (a restart)
+        so that one dead socket does not leave the outcome unknown.
+        """
+        results = yield Fanout([command])
         ok, failed = self._count(results)
+        if ok < self.quorum <= ok + failed:
+            retry = [i for i, r in enumerate(results) if isinstance(r, _Failed)]
+            again = yield Fanout([command], nodes=retry, force=True)
+            ok2, failed = self._count([again[i] for i in retry])
+            ok += ok2
+            for i in retry:
+                results[i] = again[i]
+        return ok, failed, results
+
+    def _release_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
+        ok, failed, results = yield from self._quorum_steps(
+            self._release_command(self.keys_for(lease.name), lease.token),
+            lease.name,
+        )
         if ok >= self.quorum:
             return True
-        if ok + failed < self.quorum:
-            return False  # a majority answered that the lease was not ours
-        # Unreachable nodes expire the lease themselves; it was ours until
-        # its deadline.
-        return time.monotonic() < lease.deadline
+        if len(self.nodes) - failed < self.quorum:
+            raise self._no_quorum(lease.name, results)
+        # Not confirmed by a majority: the lease may have been lost (a node
+        # restarted empty, an expiry), so it is reported, never assumed.
+        return False
 
     def _extend_command(self, lease: Lease, ttl: float) -> tuple:
         lease_key = self.keys_for(lease.name)[0]
@@ -895,8 +917,9 @@ class RedlockBackend(BaseLockBackend):
 
     def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Any, Any, bool]:
         sent = time.monotonic()
-        results = yield Fanout([self._extend_command(lease, ttl)])
-        ok, failed = self._count(results)
+        ok, failed, results = yield from self._quorum_steps(
+            self._extend_command(lease, ttl), lease.name
+        )
         outcome = self._settle_extend(lease, ttl, sent, ok, failed)
         if outcome is None:
             raise self._no_quorum(lease.name, results)
