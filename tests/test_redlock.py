@@ -668,3 +668,22 @@ def test_node_restarted_empty_fencing_across_processes(nodes):
         with pytest.raises(LockLost):
             held.release()  # a majority says the lease is gone
         locks.reset()
+
+
+def test_clear_stale_removes_only_old_minority_leftovers(nodes):
+    backend = backend_for(nodes)
+    live = backend.acquire("live", 30, 0)
+    old_key = backend.keys_for("old")[0]
+    new_key = backend.keys_for("new")[0]
+    for server in nodes[:2]:
+        client = server.client()
+        client.set(old_key, b"t1\n1\n" + pack_meta("old", "h", 1, "t", 0), px=30_000)
+        client.set(
+            new_key, b"t2\n1\n" + pack_meta("new", "h", 1, "t", time.time()), px=30_000
+        )
+    assert backend.clear_stale() == 1
+    for server in nodes[:2]:
+        assert not server.client().exists(old_key)
+        assert server.client().exists(new_key)  # maybe an acquisition under way
+    assert [h.name for h in backend.holders()] == ["live"]
+    assert backend.release(live) is True

@@ -70,6 +70,8 @@ MAX_WAIT_SLICE = 1.0
 #: How long a node that failed is skipped: timed out, refused (seconds).
 DOWN_AFTER_TIMEOUT = 1.0
 DOWN_AFTER_ERROR = 0.2
+#: A lease on a minority of nodes older than this is stale (seconds).
+STALE_AFTER = 10.0
 #: How long acquire keeps retrying while no quorum answers (seconds).
 NO_QUORUM_GRACE = 1.0
 
@@ -1000,8 +1002,11 @@ class RedlockBackend(BaseLockBackend):
         kwargs["socket_timeout"] = max(self.node_timeout, 5.0)
         return redis.Redis.from_url(self.locations[i], **kwargs)
 
-    def holders(self, prefix: str = "") -> Iterator[Holder]:
-        """Yield the locks that a quorum of nodes hold with the same token."""
+    def _scan(self) -> dict[tuple[bytes, bytes], list]:
+        """Return {(key, token): [(node, fence, holder, expires), ...]}.
+
+        Raise LockBackendError if fewer than a quorum of nodes can be read.
+        """
         import redis
 
         pattern = glob_escape(self.key_prefix) + ":{*}"
@@ -1026,7 +1031,7 @@ class RedlockBackend(BaseLockBackend):
                             continue  # gone, or a reservation
                         expires = now + pttl / 1000 if pttl > 0 else None
                         seen.setdefault((key, parts[0]), []).append(
-                            (int(parts[1]), parts[2], expires)
+                            (i, int(parts[1]), parts[2], expires)
                         )
             except redis.exceptions.RedisError:
                 failed += 1
@@ -1037,20 +1042,25 @@ class RedlockBackend(BaseLockBackend):
                 f"Redlock backend {self.alias!r} could not reach a quorum of "
                 "nodes to list locks."
             )
+        return seen
+
+    def holders(self, prefix: str = "") -> Iterator[Holder]:
+        """Yield the locks that a quorum of nodes hold with the same token."""
+        seen = self._scan()
         for (_key, token), copies in seen.items():
             if len(copies) < self.quorum:
                 continue
-            name, host, pid, thread, acquired = unpack_meta(copies[0][1])
+            name, host, pid, thread, acquired = unpack_meta(copies[0][2])
             if not name.startswith(prefix):
                 continue
             # Held until fewer than a quorum of nodes still hold it.
             expiries = sorted(
-                (e for _f, _m, e in copies if e is not None), reverse=True
+                (e for _n, _f, _m, e in copies if e is not None), reverse=True
             )
             expires = (
                 expiries[self.quorum - 1] if len(expiries) >= self.quorum else None
             )
-            fence = max(f for f, _m, _e in copies)
+            fence = max(f for _n, f, _m, _e in copies)
             yield Holder(
                 backend=self.alias,
                 name=name,
@@ -1080,6 +1090,35 @@ class RedlockBackend(BaseLockBackend):
         if ok == 0 and len(self.nodes) - failed < self.quorum:
             raise self._no_quorum(name, results)
         return ok > 0
+
+    def clear_stale(self) -> int:
+        """Remove leases left on fewer than a quorum of nodes.
+
+        Such leftovers (an acquisition whose undo missed a node, a holder
+        whose nodes restarted) lock nobody out but keep their nodes busy
+        until they expire. Only leases acquired more than ``STALE_AFTER``
+        seconds ago are touched, so an acquisition in progress during the
+        scan is never mistaken for one; each removal is a compare-and-delete
+        of that token. Return how many leases were removed (per lock).
+        """
+        removed = 0
+        now = time.time()
+        for (key, token), copies in self._scan().items():
+            if len(copies) >= self.quorum:
+                continue
+            acquired = unpack_meta(copies[0][2])[4]
+            if acquired is None or now - acquired < STALE_AFTER:
+                continue
+            nodes = [node for node, _f, _m, _e in copies]
+            keys = (key.decode(), "", key.decode() + ":z", key.decode() + ":w")
+            results = self._run(
+                _single(
+                    Fanout([self._release_command(keys, token.decode())], nodes=nodes)
+                )
+            )
+            if any(not isinstance(r, _Failed) and r[0] for r in results):
+                removed += 1
+        return removed
 
 
 def _single(step: Fanout) -> Generator[Any, Any, Any]:
