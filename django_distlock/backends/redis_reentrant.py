@@ -208,6 +208,16 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             if hold.gone or not hold.leases():
                 self._holds.pop(key, None)
 
+    def _holds_live(self, name: str, token: str, owner: str) -> bool:
+        """Return True if a level of ``owner``'s hold on ``name`` is still held."""
+        hold = self._holds.get((name, token))
+        return (
+            hold is not None
+            and not hold.gone
+            and hold.owner == owner
+            and bool(hold.leases())
+        )
+
     def _forget(self, hold: _Hold) -> None:
         hold.gone = True
         if self._holds.get((hold.name, hold.token)) is hold:
@@ -230,6 +240,19 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         sent = start
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+        if reply[0] == 2 and not self._holds_live(name, reply[2].decode(), owner):
+            # Re-entered levels no handle of ours holds: left by a release
+            # whose outcome was unknown (its reply was lost). Re-entering
+            # them would keep that lease alive for ever and repeat its
+            # fencing token; drop them all and take the lock afresh.
+            yield (
+                "eval",
+                R_RELEASE,
+                keys.triple,
+                [reply[2].decode(), keys.wake_prefix, ""],
+            )
+            left = None if timeout is None else max(0.0, deadline - time.monotonic())
+            return (yield from self._acquire_steps(name, ttl, left, token))
         if reply[0]:
             _, fence, holder, pttl = reply
             return self._lease(
