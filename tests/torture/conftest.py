@@ -1,0 +1,72 @@
+"""Fixtures of the torture suite: a backend environment per scenario."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from ..conftest import require_tcp
+from .harness import LONG, VERDICTS, make_env
+
+DB_ALIASES = ["default", "postgres", "mysql"]
+
+
+def backends(*kinds: str) -> list:
+    """Return pytest params for backend kinds, each with the marks it needs.
+
+    Lock rows and fenced records must be committed (other processes read
+    them), so every scenario runs in a transactional test database.
+    """
+    params = []
+    for kind in kinds:
+        marks = [pytest.mark.django_db(transaction=True)]
+        if kind in ("redis", "reentrant", "redlock"):
+            marks.append(pytest.mark.redis)
+        if kind == "postgres":
+            marks = [
+                pytest.mark.django_db(transaction=True, databases=["default", kind]),
+                pytest.mark.postgres,
+            ]
+        if kind == "mysql":
+            marks = [
+                pytest.mark.django_db(transaction=True, databases=["default", kind]),
+                pytest.mark.mysql,
+            ]
+        params.append(pytest.param(kind, marks=marks, id=kind))
+    return params
+
+
+def long_only(reason: str = "heavy variant: runs in long mode only"):
+    """Skip a heavy variant unless the long mode is on."""
+    return pytest.mark.skipif(not LONG, reason=reason)
+
+
+@pytest.fixture
+def env(request, kind):
+    """Start the backend named by the test's ``kind`` parameter; LOCKS point at it."""
+    if kind == "postgres":
+        request.getfixturevalue("postgres_available")
+    if kind == "mysql":
+        request.getfixturevalue("mysql_available")
+    environment = make_env(kind)
+    try:
+        with override_settings(LOCKS=environment.locks):
+            yield environment
+    finally:
+        environment.stop()
+
+
+@pytest.fixture
+def kind():
+    raise AssertionError("parametrize 'kind' with backends(...)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not VERDICTS:
+        return
+    terminalreporter.section("torture report")
+    for verdict in VERDICTS:
+        terminalreporter.write_line(verdict.summary())
+
+
+__all__ = ["backends", "long_only", "require_tcp", "DB_ALIASES"]

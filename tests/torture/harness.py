@@ -1,0 +1,371 @@
+"""Run one torture scenario: servers, proxies, worker processes, a fault, a verdict.
+
+A scenario is written as::
+
+    run = Run("redis node killed", env, tmp_path)
+    run.start()
+    run.load(1.0)              # let the workers warm up
+    with run.fault():          # the fault window (times are recorded)
+        env.servers[0].restart()
+    run.finish()               # recovery phase, stop, check, report
+
+``finish`` asserts zero violations, that no worker hung, and that every
+worker acquired again after the fault ended (recovery without restarting
+clients).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from ..procs import start_process
+from ..servers import RedisServer
+from .history import Verdict, check, read_events
+from .proxy import FaultProxy
+from .workers import load_worker, record_key
+
+#: Long mode: ``DISTLOCK_TORTURE_MINUTES`` set (by ``scripts/torture --long``).
+LONG_MINUTES = float(os.environ.get("DISTLOCK_TORTURE_MINUTES") or 0)
+LONG = LONG_MINUTES > 0
+#: Phase lengths are multiplied by this in long mode.
+SCALE = 3.0 if LONG else 1.0
+REPORT = Path(
+    os.environ.get("DISTLOCK_TORTURE_REPORT")
+    or Path(os.environ.get("DISTLOCK_TMP", "/tmp")) / "torture-report.jsonl"
+)
+#: Verdicts of this pytest session, for the terminal summary.
+VERDICTS: list[Verdict] = []
+
+REDIS_OPTIONS = {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.3}
+REDLOCK_OPTIONS = {"NODE_TIMEOUT": 0.2}
+
+
+@dataclass
+class Env:
+    """A backend under test: its servers, the proxies in front of them, LOCKS."""
+
+    kind: str
+    locks: dict
+    servers: list[RedisServer] = field(default_factory=list)
+    proxies: list[FaultProxy] = field(default_factory=list)
+    record_db: str = "default"
+    reentrant: bool = False
+
+    @property
+    def backend(self):
+        from django_distlock import locks
+
+        return locks["default"]
+
+    def stop(self) -> None:
+        for proxy in self.proxies:
+            proxy.stop()
+        for server in self.servers:
+            server.stop()
+
+    def lease_keys(self) -> int:
+        """Return how many lock keys (not fencing counters) the nodes hold."""
+        total = 0
+        for server in self.servers:
+            if server.proc is None or server.proc.poll() is not None:
+                continue
+            client = server.client()
+            try:
+                for key in client.scan_iter(match="distlock:*", count=1000):
+                    if not key.endswith(b":c"):
+                        total += 1
+            finally:
+                client.close()
+        return total
+
+    def assert_no_phantom_leases(self, ttl: float) -> None:
+        """Fail if a lock key outlives its TTL: none without an expiry, none
+        with more than ``ttl`` left, and none at all ``ttl`` + grace after
+        every worker stopped."""
+        for server in self.servers:
+            client = server.client()
+            try:
+                for key in client.scan_iter(match="distlock:*", count=1000):
+                    if key.endswith(b":c"):
+                        continue  # fencing counters are kept on purpose
+                    pttl = client.pttl(key)
+                    assert pttl != -1, f"{key!r} has no expiry"
+                    if b":" not in key.rsplit(b"}", 1)[-1]:
+                        assert pttl <= ttl * 1000 + 50, f"{key!r}: {pttl} ms left"
+            finally:
+                client.close()
+        wait_until(
+            lambda: self.lease_keys() == 0,
+            timeout=ttl + 8,
+            what="every lock key to expire after the workers stopped",
+        )
+
+    def lock_rows(self) -> int:
+        """Return how many held rows the lock table has (database backends)."""
+        from django_distlock.models import LockRecord
+
+        db = self.locks["default"].get("OPTIONS", {}).get("DATABASE", "default")
+        return LockRecord.objects.using(db).filter(token__isnull=False).count()
+
+
+def make_env(kind: str, nodes: int = 5) -> Env:
+    """Start what backend ``kind`` needs and return its Env (not yet in LOCKS)."""
+    if kind in ("redis", "reentrant"):
+        server = RedisServer().start()
+        proxy = FaultProxy(server.port).start()
+        backend = (
+            "django_distlock.backends.redis.RedisLockBackend"
+            if kind == "redis"
+            else "django_distlock.backends.redis.ReentrantRedisLockBackend"
+        )
+        entry = {
+            "BACKEND": backend,
+            "LOCATION": proxy.url,
+            "TTL": 1.0,
+            "OPTIONS": REDIS_OPTIONS,
+        }
+        return Env(
+            kind, {"default": entry}, [server], [proxy], reentrant=kind == "reentrant"
+        )
+    if kind == "redlock":
+        servers = [RedisServer().start() for _ in range(nodes)]
+        proxies = [FaultProxy(s.port, seed=i).start() for i, s in enumerate(servers)]
+        entry = {
+            "BACKEND": "django_distlock.backends.redlock.RedlockBackend",
+            "LOCATION": [p.url for p in proxies],
+            # The default TTL is also how long a restarted node sits out.
+            "TTL": 1.0,
+            "OPTIONS": REDLOCK_OPTIONS,
+        }
+        return Env(kind, {"default": entry}, servers, proxies)
+    if kind in ("database", "postgres", "mysql"):
+        db = "default" if kind == "database" else kind
+        entry = {
+            "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
+            "TTL": 1.0,
+            "OPTIONS": {"DATABASE": db},
+        }
+        return Env(kind, {"default": entry}, record_db=db)
+    raise AssertionError(kind)
+
+
+class Run:
+    """One scenario run on one backend."""
+
+    def __init__(
+        self,
+        scenario: str,
+        env: Env,
+        tmp_path: Path,
+        *,
+        workers: int = 3,
+        names: list[str] | None = None,
+        records: tuple[str, ...] = ("fenced",),
+        ttl: float = 1.0,
+        timeout: float = 2.0,
+        hold: float = 0.004,
+        pause: float = 0.004,
+        record_redis: str | None = None,
+        extra: dict | None = None,
+        per_worker: dict[int, dict] | None = None,
+    ):
+        self.scenario = scenario
+        self.env = env
+        self.dir = tmp_path / "run"
+        self.log_dir = self.dir / "logs"
+        self.log_dir.mkdir(parents=True)
+        (self.dir / "files").mkdir()
+        self.stop_path = self.dir / "stop"
+        self.names = names or ["torture:a", "torture:b"]
+        self.records = records
+        self.fault_start: float | None = None
+        self.fault_end: float | None = None
+        self.procs = []
+        spec: dict = {}
+        if "file" in records:
+            spec["file"] = str(self.dir / "files")
+        if "redis" in records:
+            spec["redis"] = record_redis
+        if "fenced" in records:
+            spec["fenced"] = env.record_db
+        self.spec = spec
+        self.configs = []
+        for i in range(workers):
+            cfg = {
+                "wid": f"w{i}",
+                "alias": "default",
+                "names": self.names,
+                "ttl": ttl,
+                "timeout": timeout,
+                "hold": hold,
+                "pause": pause,
+                "records": spec,
+                "log_dir": str(self.log_dir),
+                "stop": str(self.stop_path),
+                "seed": i,
+                **(extra or {}),
+                **((per_worker or {}).get(i, {})),
+            }
+            self.configs.append(cfg)
+
+    # -- phases ------------------------------------------------------------
+
+    def start(self) -> Run:
+        """Create the records, start the workers, wait until they all run."""
+        assert settings.LOCKS == self.env.locks, "LOCKS must be in force first"
+        if "fenced" in self.records:
+            from tests.testapp.models import FencedSetting
+
+            for name in self.names:
+                FencedSetting.objects.using(self.env.record_db).get_or_create(
+                    key=record_key(name)
+                )
+        self.procs = [start_process(load_worker, cfg) for cfg in self.configs]
+        deadline = time.monotonic() + 120
+        while len(self.events("ready")) < len(self.procs):
+            if time.monotonic() > deadline:
+                raise AssertionError("the workers did not start")
+            if any(p.exitcode not in (None, 0) for p in self.procs):
+                raise AssertionError("a worker died while starting")
+            time.sleep(0.05)
+        return self
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        events = read_events(self.log_dir)
+        return [e for e in events if kind is None or e["k"] == kind]
+
+    def pids(self) -> list[int]:
+        return [e["pid"] for e in self.events("ready")]
+
+    def load(self, seconds: float) -> None:
+        """Let the workers run for ``seconds`` (scaled in long mode)."""
+        time.sleep(seconds * SCALE)
+
+    def wait_for_sections(self, count: int, timeout: float = 60) -> None:
+        """Wait until the workers completed ``count`` more critical sections."""
+        target = len(self.events("cs")) + count
+        deadline = time.monotonic() + timeout
+        while len(self.events("cs")) < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fewer than {count} critical sections ran")
+            time.sleep(0.05)
+
+    @contextlib.contextmanager
+    def fault(self):
+        """Mark the fault window (its end starts the recovery phase)."""
+        self.fault_start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.fault_end = time.monotonic()
+
+    def finish(self, recovery: float = 2.0, require_recovery: bool = True) -> Verdict:
+        """Run the recovery phase, stop the workers, check and report."""
+        time.sleep(recovery * SCALE)
+        if require_recovery and self.fault_end is not None:
+            # Every worker must take a lock again, however long it takes.
+            deadline = time.monotonic() + 30
+            while self._recovered() < len(self.procs):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        self.stop_path.write_text("stop")
+        hung = []
+        for proc in self.procs:
+            proc.join(60)
+            if proc.is_alive():
+                hung.append(proc.pid)
+                proc.kill()
+                proc.join(5)
+        verdict = self.verdict()
+        if hung:
+            verdict.notes.append(f"workers hung: {hung}")
+        report(verdict)
+        assert not hung, f"{verdict.summary()}\nworkers hung: {hung}"
+        assert verdict.violations == 0, (
+            verdict.summary() + "\n" + "\n".join(verdict.notes[:20])
+        )
+        assert verdict.critical_sections > 0, verdict.summary()
+        if require_recovery and self.fault_end is not None:
+            assert verdict.recovered_workers == len(self.procs), (
+                "locks did not recover after the fault: " + verdict.summary()
+            )
+        return verdict
+
+    def _recovered(self) -> int:
+        return len(
+            {
+                s["w"]
+                for s in self.events("cs")
+                if s["start"] > self.fault_end and s["rel"] == "ok"
+            }
+        )
+
+    def read_records(self) -> dict[str, dict[str, str]]:
+        records: dict[str, dict[str, str]] = {}
+        if "file" in self.spec:
+            folder = Path(self.spec["file"])
+            records["file"] = {
+                n: (folder / record_key(n)).read_text()
+                if (folder / record_key(n)).exists()
+                else ""
+                for n in self.names
+            }
+        if "redis" in self.spec:
+            import redis
+
+            client = redis.Redis.from_url(self.spec["redis"])
+            records["redis"] = {
+                n: (client.get(record_key(n)) or b"").decode() for n in self.names
+            }
+            client.close()
+        if "fenced" in self.spec:
+            from tests.testapp.models import FencedSetting
+
+            rows = FencedSetting.objects.using(self.env.record_db)
+            records["fenced"] = {
+                n: rows.get(key=record_key(n)).value for n in self.names
+            }
+        return records
+
+    def verdict(self) -> Verdict:
+        verdict = check(
+            self.scenario,
+            self.env.kind,
+            self.events(),
+            self.read_records(),
+            fault_end=self.fault_end,
+            reentrant=self.env.reentrant,
+        )
+        unexpected = [
+            e["err"]
+            for e in self.events("attempt")
+            if e.get("err") and e["err"].startswith("unexpected")
+        ]
+        if unexpected:
+            verdict.notes.append(f"unexpected errors: {sorted(set(unexpected))[:5]}")
+        return verdict
+
+
+def report(verdict: Verdict) -> None:
+    """Keep ``verdict`` for the summary and append it to the report file."""
+    VERDICTS.append(verdict)
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    with REPORT.open("a") as f:
+        f.write(json.dumps(verdict.as_dict()) + "\n")
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)

@@ -1,0 +1,79 @@
+"""Faults of the Redis servers themselves: killed, restarted empty, paused."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .conftest import backends
+from .harness import Run
+
+
+@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock"))
+def test_node_killed_and_restarted_empty(env, kind, tmp_path):
+    """SIGKILL a node under load and start it again empty (no persistence).
+
+    A single Redis forgets its leases: holders must find out (LockLost or an
+    error at release) and their late writes must be fenced off. Redlock loses
+    two of five nodes, a minority: nothing may change for its holders.
+    """
+    run = Run("node SIGKILLed, restarted empty", env, tmp_path).start()
+    run.load(1.0)
+    victims = env.servers[:2] if kind == "redlock" else env.servers
+    with run.fault():
+        for server in victims:
+            server.kill()
+        time.sleep(0.5)
+        for server in victims:
+            server.start()
+    run.finish()
+
+
+@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock"))
+def test_node_paused_longer_than_ttl(env, kind, tmp_path):
+    """SIGSTOP a node for three TTLs, then SIGCONT it.
+
+    Leases run out while the node is stopped; its clients time out (the
+    socket timeout), and after the resume every lease taken before the pause
+    is gone on that node. Redlock has one paused node of five.
+    """
+    run = Run("node SIGSTOPped 3 x TTL", env, tmp_path, ttl=1.0).start()
+    run.load(1.0)
+    with run.fault():
+        env.servers[0].pause()
+        time.sleep(3.0)
+        env.servers[0].resume()
+    run.finish()
+
+
+@pytest.mark.parametrize("kind", backends("redlock"))
+def test_redlock_one_two_then_three_of_five_down(env, kind, tmp_path):
+    """Kill Redlock nodes one at a time: 1 and 2 of 5 down keep the lock
+    working; 3 of 5 down is no quorum (LockBackendError, never a lease);
+    restarting them (empty) brings the locks back without restarting clients.
+    """
+    run = Run("redlock 1, 2, then 3 of 5 nodes down", env, tmp_path).start()
+    run.load(0.5)
+    with run.fault():
+        env.servers[0].kill()
+        run.wait_for_sections(10)
+        env.servers[1].kill()
+        run.wait_for_sections(10)
+        env.servers[2].kill()
+        no_quorum = time.monotonic()
+        run.load(1.5)
+        no_quorum_end = time.monotonic()
+        for server in env.servers[:3]:
+            server.start()
+    # Attempts wholly inside the no-quorum window: none acquired, errors seen.
+    inside = [
+        a
+        for a in run.events("attempt")
+        if a["t0"] > no_quorum + 0.3 and a["t1"] < no_quorum_end
+    ]
+    run.finish(recovery=2.5)
+    assert inside, "no attempt ran while 3 of 5 nodes were down"
+    assert not [a for a in inside if a["ok"]], "acquired without a quorum"
+    assert {a["err"] for a in inside} == {"LockBackendError"}
+    env.assert_no_phantom_leases(1.0)
