@@ -315,8 +315,12 @@ class _Connection:
             if self.prepared:
                 import psycopg
 
-                # Server-side binding, whatever Django's cursor_factory is.
-                self._cursor = psycopg.Cursor(self.wrapper.connection)
+                # Server-side binding, whatever Django's cursor_factory is;
+                # Django sets prepare_threshold=None, which would ignore
+                # prepare=True.
+                raw = self.wrapper.connection
+                raw.prepare_threshold = 5
+                self._cursor = psycopg.Cursor(raw)
             else:
                 self._cursor = self.wrapper.connection.cursor()
         return self._cursor
