@@ -31,12 +31,19 @@ from asgiref.sync import iscoroutinefunction as asgiref_iscoroutinefunction
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
 from .exceptions import LockBackendError, LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
-from .locking import DEFAULT, Lock
+from .locking import (
+    DEFAULT,
+    RELEASE_ON_COMMIT,
+    RELEASE_ON_EXIT,
+    Lock,
+    OnCommitLock,
+)
 
 __all__ = [
     "RETRY_AFTER_LOCKED",
@@ -146,6 +153,8 @@ def distributed_lock(
     timeout: float | None = DEFAULT,
     auto_renew: bool | None = None,
     on_locked: LockedHandler | None = None,
+    release: str = RELEASE_ON_COMMIT,
+    database: str = DEFAULT_DB_ALIAS,
 ) -> Callable[[Callable], Callable]:
     """Decorate a view so that it runs while holding a lock.
 
@@ -164,6 +173,14 @@ def distributed_lock(
     ``DISTLOCK_LOCKED_VIEW`` setting, itself defaulting to
     :func:`locked_view`: 423 or 503 with ``Retry-After``).
 
+    ``release="on_commit"`` (the default) matters only when the view runs
+    inside ``transaction.atomic()`` on ``database``, as with
+    ``ATOMIC_REQUESTS``: the lock is then held until that transaction
+    commits (or rolls back), so the next request reads the committed row
+    (see :class:`~django_distlock.locking.OnCommitLock`). Elsewhere, and for
+    async views (Django runs them outside request transactions), the lock is
+    released when the view returns, as with ``release="on_exit"``.
+
     Works on function views, async views, and class-based views through
     ``method_decorator(distributed_lock(...), name="dispatch")`` (sync or
     async ones: Django runs sync views off the event loop, so a wrapped
@@ -173,24 +190,33 @@ def distributed_lock(
     produced after that.
     """
 
+    if release not in (RELEASE_ON_COMMIT, RELEASE_ON_EXIT):
+        raise ValueError(
+            f"release must be {RELEASE_ON_EXIT!r} or {RELEASE_ON_COMMIT!r}, "
+            f"not {release!r}."
+        )
+
     def decorator(view_func: Callable) -> Callable:
         name_of = _namer(template_or_callable, view_func)
 
-        def make_lock(request, args, kwargs) -> Lock:
-            return Lock(
-                name_of(request, args, kwargs),
-                using=using,
-                ttl=ttl,
-                timeout=timeout,
-                auto_renew=auto_renew,
-            )
+        def make_lock(request, args, kwargs, asynchronous: bool = False) -> Lock:
+            name = name_of(request, args, kwargs)
+            options = {
+                "using": using,
+                "ttl": ttl,
+                "timeout": timeout,
+                "auto_renew": auto_renew,
+            }
+            if release == RELEASE_ON_COMMIT and not asynchronous:
+                return OnCommitLock(name, database=database, **options)
+            return Lock(name, **options)
 
         def refuse(request, exc) -> HttpResponse:
             handler = on_locked or _settings_handler()
             return handler(request, exc)
 
         async def _async_view(request, *args, **kwargs):
-            held = make_lock(request, args, kwargs)
+            held = make_lock(request, args, kwargs, asynchronous=True)
             try:
                 await held.__aenter__()
             except (LockNotAcquired, LockBackendError) as exc:

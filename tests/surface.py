@@ -90,14 +90,14 @@ def is_listed(name: str, using: str = "default") -> bool:
     return any(h.name == name for h in locks[using].holders(name))
 
 
-def buyer(sku: str, attempts: int) -> tuple[int, int]:
+def buyer(sku: str, attempts: int, view: str = "buy") -> tuple[int, int]:
     """Worker: buy through the decorated view until sold out."""
     from django.test import Client
 
     client = Client()
     sold = busy = 0
     for _ in range(attempts):
-        response = client.get(f"/buy/{sku}/?pause=0.005")
+        response = client.get(f"/{view}/{sku}/?pause=0.005")
         if response.status_code == 200:
             sold += 1
         elif response.status_code == 423:

@@ -252,3 +252,50 @@ def test_no_oversell_across_processes(cross_process_kind):
     sold = sum(r[0] for r in results)
     assert sold == 12
     assert Product.objects.get(sku="flash").stock == 0
+
+
+# -- transactions (ATOMIC_REQUESTS and the like) ------------------------------
+
+
+@pytest.fixture
+def in_transaction_kind(backend_kind):
+    from django.db import connection
+
+    if backend_kind == "database" and connection.vendor == "sqlite":
+        pytest.skip(
+            "SQLite has one writer: the database backend on the same file cannot "
+            "be used from another thread during a write transaction"
+        )
+    return backend_kind
+
+
+@pytest.mark.django_db(transaction=True)
+def test_view_in_a_transaction_holds_the_lock_until_commit(in_transaction_kind):
+    from . import views
+
+    views.COMMIT_PROBES.clear()
+    assert Client().get("/tx/t1/").status_code == 200
+    assert Client().get("/tx-on-exit/t2/").status_code == 200
+    # Default release="on_commit": still held when the commit completed;
+    # release="on_exit": already free before the commit.
+    assert views.COMMIT_PROBES == [True, False]
+    # And released right after the commit.
+    with lock("atomic:t1", timeout=0):
+        pass
+
+
+def test_release_option_is_checked():
+    with pytest.raises(ValueError, match="release"):
+        distributed_lock("x", release="never")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_oversell_in_request_transactions_across_processes(cross_process_kind):
+    from django.db import connection
+
+    if cross_process_kind == "database" and connection.vendor == "sqlite":
+        pytest.skip("SQLite: deferred read-then-write transactions fail at once")
+    Product.objects.create(sku="flash-tx", stock=10)
+    results = run_in_processes(buyer, [("flash-tx", 40, "buy-atomic")] * 3)
+    assert sum(r[0] for r in results) == 10
+    assert Product.objects.get(sku="flash-tx").stock == 0

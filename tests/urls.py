@@ -13,4 +13,7 @@ urlpatterns = [
     path("custom/<str:sku>/", views.buy_custom),
     path("by-callable/", views.by_callable),
     path("echo/<path:anything>", views.echo_name),
+    path("tx/<str:sku>/", views.buy_in_transaction),
+    path("tx-on-exit/<str:sku>/", views.buy_in_transaction_on_exit),
+    path("buy-atomic/<str:sku>/", views.buy_atomic),
 ]

@@ -1,8 +1,10 @@
 """Views decorated with distributed_lock, for tests/test_decorators.py."""
 
 import asyncio
+import threading
 import time
 
+from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -74,3 +76,49 @@ def echo_name(request, anything):
     # Report the lock the decorator holds, as the backend lists it.
     held = [h.name for h in lock("x").backend.holders("echo:")]
     return JsonResponse({"held": held})
+
+
+#: What on_commit hooks registered inside the atomic views saw.
+COMMIT_PROBES: list[bool] = []
+
+
+def _probe_after_commit(name: str) -> None:
+    def probe():
+        # Runs after the view's transaction commits, before any hook the
+        # decorator registered later: is the lock still held then?
+        result = []
+
+        def attempt():
+            handle = lock(name, timeout=0)
+            got = handle.acquire()
+            if got:
+                handle.release()
+            result.append(not got)
+
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        thread.join()
+        COMMIT_PROBES.append(result[0])
+
+    transaction.on_commit(probe)
+
+
+@transaction.atomic
+@distributed_lock("atomic:<sku>", timeout=0)
+def buy_in_transaction(request, sku):
+    _probe_after_commit(f"atomic:{sku}")
+    return HttpResponse("ok")
+
+
+@transaction.atomic
+@distributed_lock("atomic:<sku>", timeout=0, release="on_exit")
+def buy_in_transaction_on_exit(request, sku):
+    _probe_after_commit(f"atomic:{sku}")
+    return HttpResponse("ok")
+
+
+@transaction.atomic
+@distributed_lock("inventory:<sku>", timeout=10)
+def buy_atomic(request, sku):
+    # Read-modify-write inside the request's transaction (as ATOMIC_REQUESTS).
+    return _sell(sku, float(request.GET.get("pause", 0)))
