@@ -129,6 +129,7 @@ class FencedModel(models.Model):
         previous = self.fencing_token
         self.fencing_token = lease.fencing_token
         self._distlock_fence = lease
+        self._distlock_force_insert = bool(kwargs.get("force_insert"))
         try:
             with transaction.atomic(using=using) if several_tables else nullcontext():
                 super().save(**kwargs)
@@ -144,7 +145,7 @@ class FencedModel(models.Model):
             self.fencing_token = previous
             raise
         finally:
-            del self._distlock_fence
+            del self._distlock_fence, self._distlock_force_insert
         return None
 
     save.alters_data = True
@@ -219,6 +220,7 @@ class FencedModel(models.Model):
             lease is None
             or not self._is_token_table(manager.model)
             or self._get_pk_val(meta) is None
+            or getattr(self, "_distlock_force_insert", False)
         ):
             return super()._do_insert(manager, using, fields, returning_fields, raw)
         # A row with a chosen pk may be created concurrently by another holder:

@@ -14,15 +14,18 @@ import multiprocessing
 import os
 import signal
 import uuid
+from contextlib import nullcontext
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models.signals import post_save, pre_save
 from django.test import override_settings
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import django_distlock.models
 from django_distlock import lock, lock_for, locks
 from django_distlock.exceptions import LockLost, LockNotHeld, StaleFencingToken
 from tests.conftest import redis_locks
@@ -197,6 +200,53 @@ class TestFencedSave:
         FencedSetting(key=key, value="newest").save(using=db_alias, fence=newest)
         row = FencedSetting.objects.using(db_alias).get(key=key)
         assert (row.value, row.fencing_token) == ("newest", newest.fencing_token)
+
+    @pytest.mark.parametrize("in_atomic", [False, True], ids=["autocommit", "atomic"])
+    @pytest.mark.parametrize("racer_is_newer", [True, False], ids=["newer", "older"])
+    def test_create_race_with_chosen_pk(
+        self, db_alias, monkeypatch, in_atomic, racer_is_newer
+    ):
+        # Another holder creates the row between our UPDATE (no row yet) and
+        # our INSERT: the INSERT fails on the key and becomes the fenced UPDATE.
+        key = unique("k")
+        old = held()
+        new = takeover(old)
+        ours, theirs = (old, new) if racer_is_newer else (new, old)
+        real_update_row = django_distlock.models.update_row
+
+        def racing_update_row(*args):
+            result = real_update_row(*args)
+            if not result:  # no row: the INSERT comes next; the racer is first
+                FencedSetting.objects.using(db_alias).create(
+                    key=key, value="theirs", fencing_token=theirs.fencing_token
+                )
+            return result
+
+        monkeypatch.setattr(django_distlock.models, "update_row", racing_update_row)
+        with transaction.atomic(using=db_alias) if in_atomic else nullcontext():
+            mine = FencedSetting(key=key, value="ours")
+            if racer_is_newer:
+                with pytest.raises(StaleFencingToken):
+                    mine.save(using=db_alias, fence=ours)
+            else:
+                mine.save(using=db_alias, fence=ours)
+            # The transaction is still usable either way.
+            assert FencedSetting.objects.using(db_alias).filter(key=key).exists()
+        row = FencedSetting.objects.using(db_alias).get(key=key)
+        winner = theirs if racer_is_newer else ours
+        assert row.value == ("theirs" if racer_is_newer else "ours")
+        assert row.fencing_token == winner.fencing_token
+
+    def test_force_insert_is_respected(self, db_alias):
+        key = unique("k")
+        h = held()
+        FencedSetting(key=key).save(using=db_alias, fence=h)
+        with pytest.raises(IntegrityError):
+            with transaction.atomic(using=db_alias):
+                FencedSetting(key=key, value="x").save(
+                    using=db_alias, fence=h, force_insert=True
+                )
+        assert FencedSetting.objects.using(db_alias).get(key=key).value == ""
 
     def test_deleted_row_is_not_recreated(self, db_alias):
         acc = Account.objects.using(db_alias).create(owner="x")
@@ -417,7 +467,12 @@ class TestGuards:
             assert await qs.fenced(new).aupdate(balance=9) == 1
             with pytest.raises(StaleFencingToken):
                 await qs.fenced(old).adelete()
-            return await acc.adelete(fence=new)
+            try:
+                return await acc.adelete(fence=new)
+            finally:
+                # The ORM ran in asgiref's worker thread: close its connections
+                # (an open one would keep the test database from being dropped).
+                await sync_to_async(connections.close_all)()
 
         assert asyncio.run(scenario())[0] == 1
 
