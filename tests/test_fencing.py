@@ -131,6 +131,14 @@ class TestFencedSave:
         row = Account.objects.using(db_alias).get(pk=acc.pk)
         assert (row.balance, row.fencing_token) == (6, h.fencing_token)
 
+    def test_one_query(self, db_alias, django_assert_num_queries):
+        acc = Account.objects.using(db_alias).create(owner="x")
+        h = held()
+        with django_assert_num_queries(1, using=db_alias):
+            acc.save(fence=h)  # one conditional UPDATE
+        with django_assert_num_queries(1, using=db_alias):
+            Account(owner="y").save(using=db_alias, fence=h)  # one INSERT
+
     def test_older_holder_is_refused_and_writes_nothing(self, db_alias):
         acc = Account.objects.using(db_alias).create(owner="x")
         old = held()
