@@ -687,3 +687,24 @@ def test_clear_stale_removes_only_old_minority_leftovers(nodes):
         assert server.client().exists(new_key)  # maybe an acquisition under way
     assert [h.name for h in backend.holders()] == ["live"]
     assert backend.release(live) is True
+
+
+def test_script_cache_flushed_on_every_node(nodes):
+    backend = backend_for(nodes)
+    backend.release(backend.acquire("flush", 5, 0))
+    for server in nodes:
+        server.client().script_flush()
+    lease = backend.acquire("flush", 5, 2)  # reconnects, reloads the scripts
+    assert lease is not None
+    assert backend.release(lease) is True
+
+    async def main():
+        lease = await backend.aacquire("flush", 5, 0)
+        await backend.arelease(lease)
+        for server in nodes:
+            server.client().script_flush()
+        lease = await backend.aacquire("flush", 5, 2)
+        assert lease is not None
+        assert await backend.arelease(lease) is True
+
+    asyncio.run(main())

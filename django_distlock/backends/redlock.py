@@ -613,7 +613,7 @@ class RedlockBackend(BaseLockBackend):
                     sent.pop(0)
                     continue
                 sent.pop(0)
-                if not isinstance(results[i], _Failed):
+                if conn.is_connected:  # in step (an error reply is a reply)
                     self._aput(i, conn)
         except BaseException:
             # Cancelled mid-step: the connections may owe replies.
