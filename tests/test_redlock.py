@@ -708,3 +708,19 @@ def test_script_cache_flushed_on_every_node(nodes):
         assert await backend.arelease(lease) is True
 
     asyncio.run(main())
+
+
+def test_a_leftover_of_our_own_earlier_attempt_is_renewed(nodes, monkeypatch):
+    """An attempt whose undo missed a node finds its own lease there later."""
+    from django_distlock.backends import redlock
+
+    backend = backend_for(nodes)
+    key = backend.keys_for("own")[0]
+    monkeypatch.setattr(redlock, "new_token", lambda: "fixed-token")
+    # An earlier attempt of this very acquisition left a short lease behind.
+    nodes[0].client().set(
+        key, b"fixed-token\n7\n" + pack_meta("own", "h", 1, "t", 0), px=200
+    )
+    lease = backend.acquire("own", 5, 0)
+    assert lease is not None and lease.fencing_token > 7
+    assert nodes[0].client().pttl(key) > 1000  # restarted with the new TTL

@@ -29,7 +29,9 @@ end
 local current = redis.call('get', KEYS[1])
 local mine = ARGV[1] .. '\n'
 if string.sub(current, 1, #mine) == mine then
-  -- Already ours (an earlier attempt whose undo did not reach this node).
+  -- Already ours (an earlier attempt whose undo did not reach this node):
+  -- the lease restarts now, as the caller's validity assumes.
+  redis.call('pexpire', KEYS[1], ARGV[2])
   return {1, tonumber(string.match(current, '^[^\n]*\n(%d+)\n'))}
 end
 if current == '' and redis.call('zscore', KEYS[3], ARGV[1]) then
