@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 
 from ..conftest import require_tcp
-from .harness import LONG, VERDICTS, make_env
+from .harness import LONG, VERDICTS, make_env, stop_servants
 
 DB_ALIASES = ["default", "postgres", "mysql"]
 
@@ -54,6 +54,13 @@ def env(request, kind):
             yield environment
     finally:
         environment.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servants():
+    """Stop the pool of worker processes at the end of the session."""
+    yield
+    stop_servants()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from ..procs import start_process
 from ..servers import RedisServer
 from .history import Verdict, check, read_events
 from .proxy import FaultProxy
-from .workers import load_worker, record_key
+from .workers import record_key, servant
 
 #: Long mode: ``DISTLOCK_TORTURE_MINUTES`` set (by ``scripts/torture --long``).
 LONG_MINUTES = float(os.environ.get("DISTLOCK_TORTURE_MINUTES") or 0)
@@ -45,6 +45,47 @@ VERDICTS: list[Verdict] = []
 
 REDIS_OPTIONS = {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.3}
 REDLOCK_OPTIONS = {"NODE_TIMEOUT": 0.2}
+
+
+class Servant:
+    """A long-lived worker process that runs one load job at a time."""
+
+    def __init__(self):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.jobs = ctx.Queue()
+        self.done = ctx.Queue()
+        self.proc = start_process(servant, self.jobs, self.done)
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+
+
+_SERVANTS: list[Servant] = []
+
+
+def servants(count: int) -> list[Servant]:
+    """Return ``count`` idle servants, starting new ones as needed."""
+    _SERVANTS[:] = [s for s in _SERVANTS if s.alive()]
+    while len(_SERVANTS) < count:
+        _SERVANTS.append(Servant())
+    return _SERVANTS[:count]
+
+
+def stop_servants() -> None:
+    """Stop every servant (end of the session)."""
+    for s in _SERVANTS:
+        s.jobs.put(None)
+    for s in _SERVANTS:
+        s.proc.join(10)
+        if s.proc.is_alive():
+            s.kill()
+    _SERVANTS.clear()
 
 
 @dataclass
@@ -227,12 +268,17 @@ class Run:
                 FencedSetting.objects.using(self.env.record_db).get_or_create(
                     key=record_key(name)
                 )
-        self.procs = [start_process(load_worker, cfg) for cfg in self.configs]
+        from django.db import connections
+
+        db_names = {a: connections[a].settings_dict["NAME"] for a in settings.DATABASES}
+        self.procs = servants(len(self.configs))
+        for servant_, cfg in zip(self.procs, self.configs):
+            servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
         deadline = time.monotonic() + 120
         while len(self.events("ready")) < len(self.procs):
             if time.monotonic() > deadline:
                 raise AssertionError("the workers did not start")
-            if any(p.exitcode not in (None, 0) for p in self.procs):
+            if not all(s.alive() for s in self.procs):
                 raise AssertionError("a worker died while starting")
             time.sleep(0.05)
         return self
@@ -278,13 +324,18 @@ class Run:
                 time.sleep(0.1)
         self.stop_path.write_text("stop")
         hung = []
-        for proc in self.procs:
-            proc.join(60)
-            if proc.is_alive():
-                hung.append(proc.pid)
-                proc.kill()
-                proc.join(5)
+        failed = []
+        for servant_ in self.procs:
+            try:
+                wid, outcome = servant_.done.get(timeout=60)
+            except Exception:
+                hung.append(servant_.proc.pid)
+                servant_.kill()
+                continue
+            if outcome != "ok":
+                failed.append(f"{wid}: {outcome}")
         verdict = self.verdict()
+        assert not failed, f"workers failed: {failed}"
         if hung:
             verdict.notes.append(f"workers hung: {hung}")
         report(verdict)

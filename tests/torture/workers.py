@@ -198,3 +198,39 @@ def load_worker(cfg: dict) -> None:
         )
         if cfg.get("pause"):
             time.sleep(cfg["pause"] * rng.random())
+
+
+def servant(jobs, done) -> None:
+    """Run load jobs from ``jobs`` one after another; report each on ``done``.
+
+    A pool of these long-lived processes saves every scenario the cost of
+    starting Python and Django in fresh processes. Each job brings the LOCKS
+    setting of its scenario.
+    """
+    from django.conf import settings
+    from django.db import connections
+
+    from django_distlock.handler import locks
+
+    mysql_options = dict(settings.DATABASES["mysql"].get("OPTIONS") or {})
+    while True:
+        cfg = jobs.get()
+        if cfg is None:
+            return
+        for alias, name in cfg["db_names"].items():
+            # The test databases of this session (not the real ones).
+            settings.DATABASES[alias]["NAME"] = name
+            connections[alias].close()
+            connections[alias].settings_dict["NAME"] = name
+        settings.LOCKS = cfg["locks"]
+        locks.reset()
+        try:
+            load_worker(cfg)
+            done.put((cfg["wid"], "ok"))
+        except BaseException as e:  # reported to the test
+            done.put((cfg["wid"], f"{type(e).__name__}: {e}"))
+        finally:
+            locks.reset()
+            settings.DATABASES["mysql"]["OPTIONS"] = dict(mysql_options)
+            for conn in connections.all():
+                conn.close()
