@@ -191,12 +191,15 @@ class AsyncWatchdog:
             wake_at = self._schedule.next_due()
             if wake_at > now:
                 self._wakeup.clear()
+                # asyncio.wait, not wait_for: on Python < 3.12 wait_for can
+                # swallow the task's cancellation when the event fires at the
+                # same moment, and asyncio.run() would then wait for ever on a
+                # loop still holding a lease.
+                waiter = asyncio.ensure_future(self._wakeup.wait())
                 try:
-                    await asyncio.wait_for(
-                        self._wakeup.wait(), min(wake_at - now, 60.0)
-                    )
-                except asyncio.TimeoutError:
-                    pass
+                    await asyncio.wait({waiter}, timeout=min(wake_at - now, 60.0))
+                finally:
+                    waiter.cancel()
                 continue
             for backend, leases in self._schedule.take_due(now).items():
                 try:

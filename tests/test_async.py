@@ -187,3 +187,49 @@ def test_async_renewal_recovers_after_script_flush(redis_server):
             assert await held.alocked()
 
     asyncio.run(scenario())
+
+
+_LOOP_EXIT_SCRIPT = """
+import asyncio, os, sys
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+import django
+django.setup()
+from django.conf import settings
+settings.LOCKS = {"default": {
+    "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+    "LOCATION": sys.argv[1]}}
+from django_distlock import lock
+
+async def scenario():
+    holder = lock("exit")
+    await holder.aacquire()
+    waiter = asyncio.create_task(lock("exit", timeout=10).aacquire())
+    await asyncio.sleep(0.2)
+    waiter.cancel()
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        pass
+    await holder.arelease()
+    # Still held when the loop ends: asyncio.run() must cancel the renewal task.
+    return await lock("exit", timeout=5).aacquire()
+
+print(asyncio.run(scenario()))
+"""
+
+
+def test_asyncio_run_returns_with_a_lease_still_held(redis_url):
+    """The renewal task obeys cancellation at loop exit (no wait_for swallowing)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOP_EXIT_SCRIPT, redis_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
