@@ -358,3 +358,23 @@ class TestWaiters:
 
 def holder_key(backend, name) -> bytes:
     return backend.keys_for(name).lease.encode()
+
+
+def test_holders_ignore_a_longer_key_prefix_that_starts_with_ours(redis_url):
+    """Two aliases on one server: "app" must not list "app:{x}"'s locks."""
+    setting = {
+        "default": {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": "app",
+        },
+        "other": {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": "app:{x}",
+        },
+    }
+    with override_settings(LOCKS=setting):
+        with lock("mine"), lock("theirs", using="other"):
+            assert [h.name for h in locks["default"].holders()] == ["mine"]
+            assert [h.name for h in locks["other"].holders()] == ["theirs"]

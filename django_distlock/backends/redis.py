@@ -640,7 +640,9 @@ class RedisLockBackend(BaseLockBackend):
     def holders(self, prefix: str = "") -> Iterator[Holder]:
         import redis
 
-        pattern = glob_escape(self.key_prefix) + ":{*}"
+        # Exactly "<prefix>:{<43-char digest>}": a longer KEY_PREFIX that
+        # starts with ours (another alias's) can never match.
+        pattern = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}"
         client = self.client
         try:
             batch: list[bytes] = []
