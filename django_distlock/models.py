@@ -1,7 +1,7 @@
 """Models: the database backend's lock table, the admin anchor, FencedModel."""
 
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, models, router, transaction
@@ -16,6 +16,10 @@ from .fencing import (
     stale,
     update_row,
 )
+
+if TYPE_CHECKING:
+    from .backends.base import Lease
+    from .locking import Lock as LockHandle
 
 __all__ = ["FencedModel", "Lock", "LockRecord"]
 
@@ -99,7 +103,9 @@ class FencedModel(models.Model):
     class Meta:
         abstract = True
 
-    def save(self, *args: Any, fence: Any = None, **kwargs: Any) -> None:
+    def save(
+        self, *args: Any, fence: "LockHandle | Lease | None" = None, **kwargs: Any
+    ) -> None:
         """Save the instance; with ``fence=held``, only if no newer holder wrote.
 
         A fenced save of an existing row is one conditional UPDATE that also
@@ -150,7 +156,9 @@ class FencedModel(models.Model):
 
     save.alters_data = True
 
-    async def asave(self, *args: Any, fence: Any = None, **kwargs: Any) -> None:
+    async def asave(
+        self, *args: Any, fence: "LockHandle | Lease | None" = None, **kwargs: Any
+    ) -> None:
         """Async twin of :meth:`save`."""
         if fence is None:
             return await super().asave(*args, **kwargs)
@@ -159,7 +167,11 @@ class FencedModel(models.Model):
     asave.alters_data = True
 
     def delete(
-        self, using: str | None = None, keep_parents: bool = False, *, fence: Any = None
+        self,
+        using: str | None = None,
+        keep_parents: bool = False,
+        *,
+        fence: "LockHandle | Lease | None" = None,
     ) -> tuple[int, dict[str, int]]:
         """Delete the instance; with ``fence=held``, only if no newer holder wrote.
 
@@ -185,7 +197,11 @@ class FencedModel(models.Model):
     delete.alters_data = True
 
     async def adelete(
-        self, using: str | None = None, keep_parents: bool = False, *, fence: Any = None
+        self,
+        using: str | None = None,
+        keep_parents: bool = False,
+        *,
+        fence: "LockHandle | Lease | None" = None,
     ) -> tuple[int, dict[str, int]]:
         """Async twin of :meth:`delete`."""
         return await sync_to_async(self.delete)(
