@@ -405,6 +405,19 @@ class TestFencedQuerySet:
         assert deleted == 3
         assert per_model == {"testapp.Account": 3}
 
+    def test_update_of_multi_table_child(self, db_alias):
+        # The token is in the parent table, the updated field in the child's.
+        objs = SavingsAccount.objects.using(db_alias)
+        pks = [objs.create(owner=f"s{i}").pk for i in range(2)]
+        old = held()
+        new = takeover(old)
+        assert objs.filter(pk=pks[0]).fenced(new).update(rate=1) == 1
+        with pytest.raises(StaleFencingToken):
+            objs.filter(pk__in=pks).fenced(old).update(rate=2)
+        assert objs.filter(pk__in=pks).fenced(new).update(rate=3) == 2
+        got = sorted(objs.filter(pk__in=pks).values_list("rate", "fencing_token"))
+        assert got == [(3, new.fencing_token)] * 2
+
     def test_delete_cascades_to_multi_table_children(self, db_alias):
         sav = SavingsAccount.objects.using(db_alias).create(owner="s")
         h = held()
