@@ -239,7 +239,19 @@ class ReentrantRedisLockBackend(RedisLockBackend):
 
         sent = start
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
-        reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+        wake = keys.wake_prefix + token
+        try:
+            reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+        except GeneratorExit:
+            raise  # closed by the executor: no clean-up wanted (backend down)
+        except BaseException:
+            # Interrupted (a cancelled task...) after the request may have
+            # reached the server: leave the queue, give back a lease taken,
+            # so that no waiter is handed a lock whose caller is gone.
+            handed, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+            if handed:
+                yield ("eval", R_RELEASE, keys.triple, [token, keys.wake_prefix, ""])
+            raise
         if reply[0] == 2 and not self._holds_live(name, reply[2].decode(), owner):
             # Re-entered levels no handle of ours holds: left by a release
             # whose outcome was unknown (its reply was lost). Re-entering
@@ -258,7 +270,6 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             return self._lease(
                 name, holder.decode(), fence, ttl, sent + int(pttl) / 1000, owner
             )
-        wake = keys.wake_prefix + token
         try:
             got = yield from self._reentrant_wait_steps(
                 keys, args, owner, wake, reply, sent, deadline, blocking
