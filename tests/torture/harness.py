@@ -148,6 +148,19 @@ class Env:
             what="every lock key to expire after the workers stopped",
         )
 
+    def live_rows(self) -> int:
+        """Return how many unexpired leases the lock table has."""
+        from django.utils import timezone
+
+        from django_distlock.models import LockRecord
+
+        db = self.locks["default"].get("OPTIONS", {}).get("DATABASE", "default")
+        return (
+            LockRecord.objects.using(db)
+            .filter(token__isnull=False, expires_at__gt=timezone.now())
+            .count()
+        )
+
     def lock_rows(self) -> int:
         """Return how many held rows the lock table has (database backends)."""
         from django_distlock.models import LockRecord
