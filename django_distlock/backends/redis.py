@@ -36,6 +36,7 @@ ACQUIRE = load_script("redis_acquire.lua")
 RELEASE = load_script("redis_release.lua")
 EXTEND = load_script("redis_extend.lua")
 CANCEL = load_script("redis_cancel.lua")
+LIST = load_script("redis_list.lua")
 
 #: How long after its expected next call a waiter's queue record stays valid.
 WAITER_GRACE_MS = 1000
@@ -648,7 +649,7 @@ class RedisLockBackend(BaseLockBackend):
             batch: list[bytes] = []
             for key in client.scan_iter(match=pattern, count=1000, _type="HASH"):
                 batch.append(key)
-                if len(batch) >= 500:
+                if len(batch) >= 1000:
                     yield from self._holders_of(batch, prefix)
                     batch = []
             if batch:
@@ -657,34 +658,32 @@ class RedisLockBackend(BaseLockBackend):
             raise self._error(e, "list locks") from e
 
     def _holders_of(self, keys: list[bytes], prefix: str) -> Iterator[Holder]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-            pipe.pttl(key)
-        replies = pipe.execute()
+        values = self._execute(("eval", LIST, keys, []))
         now = time.time()
-        for i in range(0, len(replies), 2):
-            fields, pttl = replies[i], replies[i + 1]
-            if not fields or b"t" not in fields:
+        utc = timezone.utc
+        for i in range(0, len(values), 8):
+            token, fence, raw_name, host, pid, thread, acquired, pttl = values[
+                i : i + 8
+            ]
+            if token is None:
                 continue
-            name = decode_name(fields.get(b"n", b""))
+            name = decode_name(raw_name or b"")
             if not name.startswith(prefix):
                 continue
-            acquired = fields.get(b"a")
             yield Holder(
                 backend=self.alias,
                 name=name,
-                token=fields[b"t"].decode(),
-                host=fields.get(b"h", b"").decode(errors="replace"),
-                pid=int(fields[b"p"]) if fields.get(b"p") else None,
-                thread=fields.get(b"th", b"").decode(errors="replace"),
-                acquired_at=datetime.fromtimestamp(int(acquired) / 1000, timezone.utc)
+                token=token.decode(),
+                host=(host or b"").decode(errors="replace"),
+                pid=int(pid) if pid else None,
+                thread=(thread or b"").decode(errors="replace"),
+                acquired_at=datetime.fromtimestamp(int(acquired) / 1000, utc)
                 if acquired
                 else None,
-                expires_at=datetime.fromtimestamp(now + pttl / 1000, timezone.utc)
-                if pttl and pttl > 0
+                expires_at=datetime.fromtimestamp(now + pttl / 1000, utc)
+                if pttl > 0
                 else None,
-                fencing_token=int(fields[b"f"]) if fields.get(b"f") else None,
+                fencing_token=int(fence) if fence else None,
             )
 
     def force_release(self, name: str, token: str) -> bool:
