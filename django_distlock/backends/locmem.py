@@ -7,7 +7,6 @@ with ``DEBUG = False``.
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
@@ -41,7 +40,17 @@ class _Table:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.entries: dict[str, _Entry] = {}
-        self.counter = itertools.count(1)
+        self.last_fence = 0
+
+    def next_fence(self) -> int:
+        """Return a token above every earlier one, also those of earlier runs.
+
+        The wall clock in microseconds keeps tokens increasing across process
+        restarts (as the Redis backend does with the server clock); the
+        counter covers several acquisitions within one microsecond.
+        """
+        self.last_fence = max(self.last_fence + 1, time.time_ns() // 1000)
+        return self.last_fence
 
     def live(self, name: str, now: float) -> _Entry | None:
         entry = self.entries.get(name)
@@ -84,7 +93,7 @@ class LocMemLockBackend(BaseLockBackend):
                 now = time.monotonic()
                 current = table.live(name, now)
                 if current is None:
-                    fence = next(table.counter)
+                    fence = table.next_fence()
                     table.entries[name] = _Entry(
                         token, fence, now + ttl, host, pid, thread, time.time()
                     )
