@@ -404,6 +404,29 @@ class TestPostgresKilledConnection:
         held.release()
         assert lock(name, timeout=0).acquire()
 
+    def test_forked_child_uses_its_own_connection(self, name):
+        import os
+
+        held = lock(name, auto_renew=False)
+        assert held.acquire()
+        parent_session = self._lock_connection_pid()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                child = lock(name + "-child", timeout=5, auto_renew=False)
+                ok = child.acquire() and lock(name, timeout=0).acquire() is False
+                os.write(write, f"{int(ok)} {self._lock_connection_pid()}".encode())
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        ok, child_session = os.read(read, 100).decode().split()
+        assert ok == "1" and int(child_session) != parent_session
+        # The child neither used nor closed the parent's connection.
+        assert self._lock_connection_pid() == parent_session
+        assert held.locked()
+        held.release()
+
     def test_notify_waiter_sees_a_release_that_did_not_notify(self, name):
         setting = {
             "default": {**db_locks("postgres")["default"]},
@@ -457,6 +480,16 @@ def test_check_options():
     ]
     pg = {"DATABASE": "postgres", "MAX_BACKOFF": 0.01, "WAIT": "notify"}
     assert _ids({"OPTIONS": pg}) == []
+
+
+def test_statements_prepared_unless_a_pooler_is_declared():
+    from django_distlock.backends.database import _can_prepare
+
+    pg = connections["postgres"]
+    assert _can_prepare(pg)
+    with mock.patch.dict(pg.settings_dict, {"DISABLE_SERVER_SIDE_CURSORS": True}):
+        assert not _can_prepare(pg)
+    assert not _can_prepare(connections["mysql"])
 
 
 def test_check_sqlite_atomic_requests():
