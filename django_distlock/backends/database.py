@@ -19,6 +19,10 @@ The hot path is one raw SQL statement per operation, in autocommit:
   digest and ``ON CONFLICT DO NOTHING`` settle the race between creators).
 - release, extend, force release: owner-checked conditional UPDATEs.
 
+On PostgreSQL the statements are prepared once per connection, and a release
+does not wait for the WAL flush (losing one in a crash only delays the lock's
+expiry).
+
 Expiry is compared with the database's clock (``clock_timestamp()``,
 ``UTC_TIMESTAMP(6)``, SQLite's ``'now'``), never the app server's, so clock
 skew between app servers does not matter. Waiting is polling with jittered
