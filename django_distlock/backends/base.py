@@ -221,6 +221,13 @@ class BaseLockBackend:
             "subclasses of BaseLockBackend must provide a force_release() method"
         )
 
+    def force_release_many(self, items: Iterable[tuple[str, str]]) -> list[bool]:
+        """Force-release each ``(name, token)``; return one result per item.
+
+        Backends that can batch the round trips override this.
+        """
+        return [self.force_release(name, token) for name, token in items]
+
     def clear_stale(self) -> int:
         """Remove expired or orphaned lock records, never a live lease.
 

@@ -693,6 +693,31 @@ class RedisLockBackend(BaseLockBackend):
             != 0
         )
 
+    def force_release_many(self, items) -> list[bool]:
+        """Force-release many leases, pipelined in batches of 1,000."""
+        import redis
+
+        items = list(items)
+        results: list[bool] = []
+        for start in range(0, len(items), 1000):
+            batch = items[start : start + 1000]
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for name, token in batch:
+                    keys = self.keys_for(name)
+                    pipe.evalsha(RELEASE.sha, 3, *keys.triple, token, keys.wake_prefix)
+                replies = pipe.execute(raise_on_error=False)
+            except redis.exceptions.RedisError as e:
+                raise self._error(e, "clear locks") from e
+            for (name, token), reply in zip(batch, replies):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    results.append(self.force_release(name, token))
+                elif isinstance(reply, Exception):
+                    raise self._error(reply, "clear locks")
+                else:
+                    results.append(reply != 0)
+        return results
+
 
 if TYPE_CHECKING:
     from .redis_reentrant import ReentrantRedisLockBackend

@@ -128,15 +128,20 @@ class Command(BaseCommand):
             self.write_table(rows)
 
     def write_json(self, rows: Iterable[Holder]) -> None:
-        # Streamed: 100,000 holders need not sit in memory as one string.
+        # Streamed in chunks: 100,000 holders need not sit in memory as one
+        # string, nor cost 100,000 writes.
         out = self.stdout
-        out.write("[", ending="")
+        dumps = json.dumps
+        chunk: list[str] = []
         first = True
+        out.write("[", ending="")
         for holder in rows:
-            out.write(("\n  " if first else ",\n  "), ending="")
-            out.write(json.dumps(holder.as_dict()), ending="")
+            chunk.append(("\n  " if first else ",\n  ") + dumps(holder.as_dict()))
             first = False
-        out.write("\n]" if not first else "]")
+            if len(chunk) >= 1000:
+                out.write("".join(chunk), ending="")
+                chunk = []
+        out.write("".join(chunk) + ("\n]" if not first else "]"))
 
     def write_table(self, rows: Iterable[Holder]) -> None:
         now = time.time()
@@ -168,9 +173,10 @@ class Command(BaseCommand):
         widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         self.stdout.write(fmt.format(*head).rstrip())
-        write = self.stdout.write
-        for r in lines:
-            write(fmt.format(*r).rstrip())
+        for start in range(0, len(lines), 1000):
+            self.stdout.write(
+                "\n".join(fmt.format(*r).rstrip() for r in lines[start : start + 1000])
+            )
         self.stdout.write(f"{len(lines)} lock(s) held.")
 
     # -- clear ----------------------------------------------------------------
@@ -224,17 +230,23 @@ class Command(BaseCommand):
                 "Their holders will find them lost."
             ):
                 raise CommandError("Nothing cleared.")
-        cleared = gone = 0
+        by_backend: dict[str, list[Holder]] = {}
         for holder in targets:
+            by_backend.setdefault(holder.backend, []).append(holder)
+        cleared = gone = 0
+        for alias, holders in by_backend.items():
+            backend = locks[alias]
             try:
-                if locks[holder.backend].force_release(holder.name, holder.token):
-                    cleared += 1
-                else:
-                    gone += 1
+                results = backend.force_release_many(
+                    [(h.name, h.token) for h in holders]
+                )
             except (LockError, OSError) as exc:
-                if holder.backend not in failed:
-                    failed.append(holder.backend)
-                    self.unreachable(locks[holder.backend], exc)
+                if alias not in failed:
+                    failed.append(alias)
+                    self.unreachable(backend, exc)
+                continue
+            cleared += sum(results)
+            gone += len(results) - sum(results)
         note = (
             f" ({gone} had been released or taken again meanwhile and were left)"
             if gone
