@@ -11,14 +11,16 @@ from .harness import LONG, VERDICTS, make_env, stop_servants
 DB_ALIASES = ["default", "postgres", "mysql"]
 
 
-def backends(*kinds: str) -> list:
+def backends(*kinds: str, long: tuple[str, ...] = ()) -> list:
     """Return pytest params for backend kinds, each with the marks it needs.
 
     Lock rows and fenced records must be committed (other processes read
-    them), so every scenario runs in a transactional test database.
+    them), so every scenario runs in a transactional test database. Kinds
+    also named in ``long`` are heavier variants that run in long mode only
+    (the short mode keeps one or two backends per scenario within CI time).
     """
     params = []
-    for kind in kinds:
+    for kind in (*kinds, *long):
         marks = [pytest.mark.django_db(transaction=True)]
         if kind in ("redis", "reentrant", "redlock"):
             marks.append(pytest.mark.redis)
@@ -32,6 +34,8 @@ def backends(*kinds: str) -> list:
                 pytest.mark.django_db(transaction=True, databases=["default", kind]),
                 pytest.mark.mysql,
             ]
+        if kind in long:
+            marks.append(long_only())
         params.append(pytest.param(kind, marks=marks, id=kind))
     return params
 

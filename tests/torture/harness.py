@@ -325,8 +325,14 @@ class Run:
         finally:
             self.fault_end = time.monotonic()
 
-    def finish(self, recovery: float = 2.0, require_recovery: bool = True) -> Verdict:
-        """Run the recovery phase, stop the workers, check and report."""
+    def finish(
+        self, recovery: float = 1.0, require_recovery: bool = True, after=None
+    ) -> Verdict:
+        """Run the recovery phase, stop the workers, check and report.
+
+        ``after`` runs once the workers stopped, before the report; the text
+        it returns is added to the verdict's notes.
+        """
         time.sleep(recovery * SCALE)
         if require_recovery and self.fault_end is not None:
             # Every worker must take a lock again, however long it takes.
@@ -351,6 +357,13 @@ class Run:
         assert not failed, f"workers failed: {failed}"
         if hung:
             verdict.notes.append(f"workers hung: {hung}")
+        if after is not None and not hung:
+            try:
+                verdict.notes.append(after())
+            except AssertionError as e:
+                verdict.notes.append(f"FAILED: {e}")
+                report(verdict)
+                raise
         report(verdict)
         assert not hung, f"{verdict.summary()}\nworkers hung: {hung}"
         assert verdict.violations == 0, (

@@ -80,7 +80,15 @@ class FaultProxy:
         self._server.close()
         for link in list(self._conns):
             link.close()
-        self._loop.stop()
+        tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+
+        async def drain():
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop.stop()
+
+        self._loop.create_task(drain())
 
     # -- faults ------------------------------------------------------------
 

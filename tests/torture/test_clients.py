@@ -14,8 +14,6 @@ from .conftest import backends
 from .harness import Run, report, wait_until
 from .history import Verdict
 
-ALL = ("redis", "reentrant", "redlock", "database", "postgres", "mysql")
-
 
 def _state(pid: int) -> str:
     """Return the process state letter of ``pid`` (``T`` when stopped)."""
@@ -23,7 +21,10 @@ def _state(pid: int) -> str:
     return text.rsplit(")", 1)[1].split()[0]
 
 
-@pytest.mark.parametrize("kind", backends(*ALL))
+@pytest.mark.parametrize(
+    "kind",
+    backends("redis", "redlock", "database", "postgres", long=("reentrant", "mysql")),
+)
 def test_worker_paused_longer_than_ttl(env, kind, tmp_path):
     """A worker stops itself (SIGSTOP) mid-section for 3 x TTL and resumes.
 
@@ -149,7 +150,9 @@ def fork_worker(name: str) -> dict:
     return results
 
 
-@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock", "database"))
+@pytest.mark.parametrize(
+    "kind", backends("redis", "reentrant", "database", long=("redlock",))
+)
 def test_fork_while_holding_and_while_acquiring(env, kind, tmp_path):
     """A forked child can neither release nor renew its parent's lease."""
     (results,) = run_in_processes(fork_worker, [("torture:fork",)], timeout=120)

@@ -75,12 +75,20 @@ def test_mariadb_lock_wait_timeout(env, kind, tmp_path):
         for a in run.events("attempt")
         if a["t0"] > run.fault_start and a["t1"] < held_until
     ]
+    # Releases stuck behind the row lock fail too (READ COMMITTED lets a
+    # busy acquisition skip the locked row, so it may just find it busy).
+    stuck_releases = [
+        s
+        for s in run.events("cs")
+        if s["rel"] != "ok" and run.fault_start < s["end"] < held_until
+    ]
     verdict = run.finish()
     assert rows
-    errors = [a for a in inside if a["err"]]
-    verdict.notes.append(f"{len(errors)} attempts failed behind the row lock")
-    assert errors and not [a for a in inside if a["ok"]], inside
-    assert {a["err"] for a in errors} == {"LockBackendError"}
+    assert not [a for a in inside if a["ok"]], "acquired a locked row"
+    errors = [a["err"] for a in inside if a["err"]] + [s["rel"] for s in stuck_releases]
+    verdict.notes.append(f"{len(errors)} calls failed behind the row lock")
+    assert errors, "nothing was stuck behind the row lock"
+    assert set(errors) <= {"LockBackendError", "LockLost"}, errors
 
 
 @pytest.mark.parametrize("kind", backends("database"))

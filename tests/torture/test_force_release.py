@@ -28,7 +28,9 @@ def refs(client, name_prefix: str) -> list[str]:
     return [r for r in found if read_ref(r)["n"].startswith(name_prefix)]
 
 
-@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock", "database"))
+@pytest.mark.parametrize(
+    "kind", backends("redis", "database", long=("reentrant", "redlock"))
+)
 def test_force_release_under_load(env, kind, tmp_path, admin_client):
     """Clear held locks again and again while workers use them.
 

@@ -7,10 +7,8 @@ import pytest
 from .conftest import backends
 from .harness import Run
 
-REDIS_KINDS = ("redis", "reentrant", "redlock")
 
-
-@pytest.mark.parametrize("kind", backends(*REDIS_KINDS))
+@pytest.mark.parametrize("kind", backends("redlock", long=("redis", "reentrant")))
 def test_latency(env, kind, tmp_path):
     """Add 30 ms each way to every node: slower, never unsafe."""
     run = Run("proxy delays traffic 30 ms", env, tmp_path).start()
@@ -25,7 +23,7 @@ def test_latency(env, kind, tmp_path):
     env.assert_no_phantom_leases(1.0)
 
 
-@pytest.mark.parametrize("kind", backends(*REDIS_KINDS))
+@pytest.mark.parametrize("kind", backends("redis", "redlock", long=("reentrant",)))
 def test_partition(env, kind, tmp_path):
     """Black-hole the link for 3 x TTL, then heal it.
 
@@ -45,7 +43,7 @@ def test_partition(env, kind, tmp_path):
     env.assert_no_phantom_leases(1.0)
 
 
-@pytest.mark.parametrize("kind", backends(*REDIS_KINDS))
+@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock"))
 def test_lost_replies(env, kind, tmp_path):
     """Drop 5% of replies after the server ran the command.
 

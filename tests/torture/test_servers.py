@@ -10,7 +10,7 @@ from .conftest import backends
 from .harness import Run
 
 
-@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock"))
+@pytest.mark.parametrize("kind", backends("redis", "redlock", long=("reentrant",)))
 def test_node_killed_and_restarted_empty(env, kind, tmp_path):
     """SIGKILL a node under load and start it again empty (no persistence).
 
@@ -30,7 +30,7 @@ def test_node_killed_and_restarted_empty(env, kind, tmp_path):
     run.finish()
 
 
-@pytest.mark.parametrize("kind", backends("redis", "reentrant", "redlock"))
+@pytest.mark.parametrize("kind", backends("redis", "redlock", long=("reentrant",)))
 def test_node_paused_longer_than_ttl(env, kind, tmp_path):
     """SIGSTOP a node for three TTLs, then SIGCONT it.
 
