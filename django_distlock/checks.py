@@ -20,6 +20,10 @@ distlock.E011  Redlock with fewer than 3 nodes.
 distlock.E012  ``OPTIONS["DATABASE"]`` names no ``DATABASES`` alias.
 distlock.E013  Unknown top-level key in a ``LOCKS`` entry.
 distlock.E014  ``OPTIONS["DATABASE"]`` is a database the DB backend cannot use.
+distlock.E015  Redis Cluster / Sentinel settings malformed (cluster URL with a
+               database, ``CLUSTER`` not a bool, ``SENTINELS`` not a list of
+               ``(host, port)``, no ``SERVICE_NAME``, both forms at once).
+distlock.E016  ZooKeeper ``LOCATION`` or ``OPTIONS`` malformed.
 distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
                to the view (registered in ``decorators.py``).
 distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).

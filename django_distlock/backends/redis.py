@@ -6,7 +6,11 @@ queue in ``...:q``/``...:r`` and each blocks on its own wake list
 ``...:w:<token>``: the release script hands the lease directly to the first
 live waiter and wakes only that one, so a handoff costs no polling, no race
 and no herd. Every key of one lock shares the ``{<digest>}`` hash tag, so one
-lock lives in one Redis Cluster slot.
+lock lives in one Redis Cluster slot: on a cluster (``redis+cluster://`` or
+``OPTIONS["CLUSTER"]``) every script runs on the one primary owning the
+lock's slot, and listing walks every primary. Behind Sentinel
+(``OPTIONS["SENTINELS"]`` and ``OPTIONS["SERVICE_NAME"]``) the client asks
+the sentinels for the current primary.
 
 The algorithm is written once, as generators that yield Redis commands
 (:meth:`RedisLockBackend._acquire_steps`), and driven by a synchronous
@@ -44,6 +48,8 @@ WAITER_GRACE_MS = 1000
 MAX_IDLE_CONNECTIONS = 64
 #: Longest single blocking wait (it must stay below the socket timeout).
 MAX_WAIT_SLICE = 5.0
+#: LOCATION schemes of a Redis Cluster (the rest of the URL as for redis://).
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 # A command for an executor: ("eval", script, keys, args) or ("blpop", key, secs)
 # or ("hget", key, field).
@@ -77,6 +83,14 @@ class RedisLockBackend(BaseLockBackend):
     django-redis cache whose connection pool is reused. Other OPTIONS:
     ``SOCKET_TIMEOUT`` (default 2 s), ``SOCKET_CONNECT_TIMEOUT`` (1 s) and
     ``CONNECTION_POOL_KWARGS`` (passed to redis-py).
+
+    Scale-out: a ``redis+cluster://host:port[,host:port...]`` LOCATION (or a
+    ``redis://`` one with ``OPTIONS["CLUSTER"] = True``) names startup nodes
+    of a Redis Cluster (redis-py's ``RedisCluster`` finds the others);
+    ``OPTIONS["SENTINELS"]`` (a list of ``(host, port)``) with
+    ``OPTIONS["SERVICE_NAME"]`` reaches the primary that Redis Sentinel
+    currently names, and no LOCATION is needed.
+    ``OPTIONS["SENTINEL_KWARGS"]`` is passed to the connections to sentinels.
     """
 
     def __init__(self, alias: str, params: dict[str, Any]):
@@ -90,12 +104,23 @@ class RedisLockBackend(BaseLockBackend):
         self._keys: dict[str, LockKeys] = {}
         self._shared_pool = bool(self.options.get("CACHE"))
         self._pid = os.getpid()
+        self.cluster = bool(self.options.get("CLUSTER")) or (
+            isinstance(self.location, str) and self.location.startswith(CLUSTER_SCHEMES)
+        )
+        self.sentinels = [tuple(s) for s in self.options.get("SENTINELS") or ()]
+        # Cluster and Sentinel clients route each command themselves (to the
+        # slot's primary, to the current primary): no connections of our own.
+        self._routed = self.cluster or bool(self.sentinels)
 
     OPTION_KEYS = {
         "CACHE",
         "SOCKET_TIMEOUT",
         "SOCKET_CONNECT_TIMEOUT",
         "CONNECTION_POOL_KWARGS",
+        "CLUSTER",
+        "SENTINELS",
+        "SERVICE_NAME",
+        "SENTINEL_KWARGS",
     }
 
     @classmethod
@@ -161,6 +186,9 @@ class RedisLockBackend(BaseLockBackend):
                 )
             return errors
         location = params.get("LOCATION")
+        scale_out = cls._check_scale_out(where, location, options)
+        if scale_out is not None:
+            return errors + scale_out
         if not location:
             errors.append(
                 Error(
@@ -181,6 +209,105 @@ class RedisLockBackend(BaseLockBackend):
                     hint="Use redis://host:port/db, rediss:// for TLS or unix:///path.",
                     obj="settings.LOCKS",
                     id="distlock.E004",
+                )
+            )
+        return errors
+
+    @classmethod
+    def _check_scale_out(cls, where: str, location: Any, options: dict):
+        """Check the Cluster/Sentinel forms; None if the entry uses neither."""
+        from django.core.checks import Error
+
+        def error(msg: str, hint: str) -> Error:
+            return Error(msg, hint=hint, obj="settings.LOCKS", id="distlock.E015")
+
+        sentinels = options.get("SENTINELS")
+        cluster_url = isinstance(location, str) and location.startswith(CLUSTER_SCHEMES)
+        if sentinels is None and not cluster_url and "CLUSTER" not in options:
+            if "SERVICE_NAME" in options or "SENTINEL_KWARGS" in options:
+                return [
+                    error(
+                        f"{where}['OPTIONS'] has SERVICE_NAME/SENTINEL_KWARGS "
+                        "but no SENTINELS.",
+                        "Add OPTIONS['SENTINELS'] = [('host', 26379), ...].",
+                    )
+                ]
+            return None
+        errors = []
+        if sentinels is not None:
+            if options.get("CLUSTER") or cluster_url:
+                errors.append(
+                    error(
+                        f"{where} names both a Redis Cluster and Sentinels.",
+                        "Use either a cluster LOCATION or OPTIONS['SENTINELS'].",
+                    )
+                )
+            if location:
+                errors.append(
+                    error(
+                        f"{where} has a LOCATION and OPTIONS['SENTINELS'].",
+                        "With Sentinel, remove LOCATION: the sentinels name "
+                        "the primary.",
+                    )
+                )
+            ok = isinstance(sentinels, (list, tuple)) and len(sentinels) > 0
+            for entry in sentinels if ok else ():
+                ok = ok and (
+                    isinstance(entry, (list, tuple))
+                    and len(entry) == 2
+                    and isinstance(entry[0], str)
+                    and isinstance(entry[1], int)
+                    and not isinstance(entry[1], bool)
+                    and 0 < entry[1] < 65536
+                )
+            if not ok:
+                errors.append(
+                    error(
+                        f"{where}['OPTIONS']['SENTINELS'] must be a non-empty "
+                        f"list of (host, port) pairs, not {sentinels!r}.",
+                        "For example [('10.0.0.1', 26379), ('10.0.0.2', 26379)].",
+                    )
+                )
+            name = options.get("SERVICE_NAME")
+            if not isinstance(name, str) or not name:
+                errors.append(
+                    error(
+                        f"{where}['OPTIONS']['SERVICE_NAME'] must name the "
+                        "monitored primary.",
+                        "Use the name of the `sentinel monitor <name> ...` line.",
+                    )
+                )
+            if not isinstance(options.get("SENTINEL_KWARGS", {}), dict):
+                errors.append(
+                    error(
+                        f"{where}['OPTIONS']['SENTINEL_KWARGS'] must be a dict.",
+                        "It is passed to redis-py's Sentinel as sentinel_kwargs.",
+                    )
+                )
+            return errors
+        if "CLUSTER" in options and not isinstance(options["CLUSTER"], bool):
+            errors.append(
+                error(
+                    f"{where}['OPTIONS']['CLUSTER'] must be True or False.",
+                    "True treats LOCATION as one node of a Redis Cluster.",
+                )
+            )
+        if not isinstance(location, str) or not location.startswith(
+            ("redis://", "rediss://", *CLUSTER_SCHEMES)
+        ):
+            errors.append(
+                error(
+                    f"{where}['LOCATION'] must be one redis URL of a cluster "
+                    f"node, not {location!r}.",
+                    "Use redis+cluster://host:port (rediss+cluster:// for TLS).",
+                )
+            )
+        elif "/" in location.split("://", 1)[1].rstrip("/"):
+            errors.append(
+                error(
+                    f"{where}['LOCATION'] names a database; a Redis Cluster "
+                    "has only database 0.",
+                    "Remove the /<db> part of the URL.",
                 )
             )
         return errors
@@ -216,7 +343,47 @@ class RedisLockBackend(BaseLockBackend):
             from django_redis import get_redis_connection
 
             return get_redis_connection(cache_alias)
+        if self.cluster:
+            from redis.cluster import ClusterNode, RedisCluster
+
+            return self._cluster_client(
+                RedisCluster, ClusterNode, self._client_kwargs()
+            )
+        if self.sentinels:
+            from redis.sentinel import Sentinel
+
+            return self._sentinel_primary(Sentinel, self._client_kwargs())
         return redis.Redis.from_url(self.location, **self._client_kwargs())
+
+    def _cluster_client(self, cluster_class, node_class, kwargs: dict[str, Any]):
+        """A RedisCluster client from LOCATION.
+
+        ``redis+cluster://[user:pass@]h1:p1,h2:p2/?opts`` names several
+        startup nodes, so that the client can start while one is down.
+        """
+        scheme, rest = self.location.split("://", 1)
+        scheme = scheme.replace("+cluster", "")
+        netloc, sep, tail = rest.partition("/")
+        creds, at, hosts = netloc.rpartition("@")
+        first, *others = hosts.split(",")
+        url = f"{scheme}://{creds}{at}{first}{sep}{tail}"
+        if others:
+            nodes = []
+            for other in others:
+                host, _, port = other.rpartition(":")
+                nodes.append(node_class(host.strip("[]"), int(port or 6379)))
+            kwargs = {**kwargs, "startup_nodes": nodes}
+        return cluster_class.from_url(url, **kwargs)
+
+    def _sentinel_primary(self, sentinel_class, kwargs: dict[str, Any]):
+        """The client of the primary that the sentinels currently name."""
+        sentinel_kwargs = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            **self.options.get("SENTINEL_KWARGS", {}),
+        }
+        sentinel = sentinel_class(self.sentinels, sentinel_kwargs=sentinel_kwargs)
+        return sentinel.master_for(self.options["SERVICE_NAME"], **kwargs)
 
     def aclient(self):
         """The ``redis.asyncio`` client of the running event loop."""
@@ -237,6 +404,18 @@ class RedisLockBackend(BaseLockBackend):
                     if k in accepted and k not in ("connection_class", "parser_class")
                 }
                 client = aredis.Redis(**kwargs)
+            elif self.cluster:
+                from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+                kwargs = self._client_kwargs(for_asyncio=True)
+                kwargs.pop("retry_on_timeout")  # not an asyncio cluster option
+                client = self._cluster_client(RedisCluster, ClusterNode, kwargs)
+            elif self.sentinels:
+                from redis.asyncio.sentinel import Sentinel
+
+                client = self._sentinel_primary(
+                    Sentinel, self._client_kwargs(for_asyncio=True)
+                )
             else:
                 client = aredis.Redis.from_url(
                     self.location, **self._client_kwargs(for_asyncio=True)
@@ -293,6 +472,8 @@ class RedisLockBackend(BaseLockBackend):
         """
         import redis
 
+        if self._routed:
+            return self.client.execute_command(*args)
         conn = self._checkout()
         try:
             conn.connect()  # no-op when connected; a refusal is raised once
@@ -615,7 +796,10 @@ class RedisLockBackend(BaseLockBackend):
 
     def _queue_renewals(self, pipe, leases: list[Lease]) -> None:
         for lease in leases:
-            pipe.evalsha(
+            # execute_command: RedisCluster pipelines block .evalsha() (the
+            # slot is found from the keys all the same).
+            pipe.execute_command(
+                "EVALSHA",
                 EXTEND.sha,
                 1,
                 self.keys_for(lease.name).lease,
@@ -658,7 +842,15 @@ class RedisLockBackend(BaseLockBackend):
             raise self._error(e, "list locks") from e
 
     def _holders_of(self, keys: list[bytes], prefix: str) -> Iterator[Holder]:
-        values = self._execute(("eval", LIST, keys, []))
+        if self.cluster:
+            # Keys of different locks are in different slots: one script call
+            # per key, pipelined (one round trip per primary).
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.execute_command("EVAL", LIST.source, 1, key)
+            values = [v for reply in pipe.execute() for v in reply]
+        else:
+            values = self._execute(("eval", LIST, keys, []))
         now = time.time()
         utc = timezone.utc
         for i in range(0, len(values), 8):
@@ -705,7 +897,9 @@ class RedisLockBackend(BaseLockBackend):
                 pipe = self.client.pipeline(transaction=False)
                 for name, token in batch:
                     keys = self.keys_for(name)
-                    pipe.evalsha(RELEASE.sha, 3, *keys.triple, token, keys.wake_prefix)
+                    pipe.execute_command(
+                        "EVALSHA", RELEASE.sha, 3, *keys.triple, token, keys.wake_prefix
+                    )
                 replies = pipe.execute(raise_on_error=False)
             except redis.exceptions.RedisError as e:
                 raise self._error(e, "clear locks") from e

@@ -435,7 +435,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         try:
             pipe = self.client.pipeline(transaction=False)
             for _, script, keys, args in commands:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             replies = pipe.execute(raise_on_error=False)
         except redis.exceptions.RedisError:
             return results
@@ -461,7 +461,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         try:
             pipe = self.aclient().pipeline(transaction=False)
             for _, script, keys, args in commands:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             replies = await pipe.execute(raise_on_error=False)
         except redis.exceptions.RedisError:
             return results
