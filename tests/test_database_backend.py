@@ -291,6 +291,17 @@ class TestRows:
         for lease in leases[::2]:
             assert backend.release(lease)
 
+    def test_force_release_many(self, database, name):
+        backend = _backend()
+        leases = [backend.acquire(f"{name}{i}", 30, 0) for i in range(3)]
+        items = [(lease.name, lease.token) for lease in leases]
+        items[1] = (items[1][0], "not-the-token")
+        assert backend.force_release_many(items) == [True, False, True]
+        assert backend.is_held(leases[1]) and not backend.is_held(leases[0])
+        again = backend.acquire(f"{name}0", 30, 0)
+        assert again.fencing_token > leases[0].fencing_token
+        assert backend.force_release_many([]) == []
+
     def test_async_holder_identity_is_the_task(self, database, name):
         import asyncio
 

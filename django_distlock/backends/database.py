@@ -1041,6 +1041,21 @@ class DatabaseLockBackend(BaseLockBackend):
     def force_release(self, name: str, token: str) -> bool:
         return self._call("force-release", self._drop_once, self._digest(name), token)
 
+    def _drop_all(self, cursor: Any, pairs: list[tuple[str, str]]) -> list[bool]:
+        drop = self._drop_once
+        return self._transaction(
+            cursor, lambda cur: [drop(cur, digest, token) for digest, token in pairs]
+        )
+
+    def force_release_many(self, items: Iterable[tuple[str, str]]) -> list[bool]:
+        """Force-release each ``(name, token)``, a thousand per transaction."""
+        pairs = [(self._digest(name), token) for name, token in items]
+        results: list[bool] = []
+        for i in range(0, len(pairs), 1000):
+            chunk = pairs[i : i + 1000]
+            results.extend(self._call("force-release", self._drop_all, chunk))
+        return results
+
     def _clear_stale_once(self, cursor: Any) -> int:
         sql = self._sql
         self._execute(cursor, "ensure_floor", ())
