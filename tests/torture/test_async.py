@@ -30,7 +30,7 @@ def test_tasks_cancelled_at_random_points(env, kind, tmp_path):
     results = run_in_processes(
         cancel_storm,
         [
-            (names, str(logs), str(files), 3.0 * SCALE, 3.0 * SCALE, ttl, 6, seed)
+            (names, str(logs), str(files), 2.0 * SCALE, 2.5 * SCALE, ttl, 6, seed)
             for seed in (1, 2)
         ],
         timeout=180,

@@ -23,7 +23,7 @@ def test_postgres_backends_terminated(env, kind, tmp_path):
     run.load(0.5)
     terminated = 0
     with run.fault():
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 2.0
         only_locks = True
         while time.monotonic() < deadline:
             with connections["postgres"].cursor() as cursor:

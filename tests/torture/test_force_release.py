@@ -49,7 +49,7 @@ def test_force_release_under_load(env, kind, tmp_path, admin_client):
     run.load(0.5)
     cleared = 0
     with run.fault():
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             out = io.StringIO()
             call_command(

@@ -16,7 +16,7 @@ def test_latency(env, kind, tmp_path):
     with run.fault():
         for proxy in env.proxies:
             proxy.delay(0.03)
-        run.load(2.0)
+        run.load(1.5)
         for proxy in env.proxies:
             proxy.delay(0)
     run.finish()
@@ -25,18 +25,18 @@ def test_latency(env, kind, tmp_path):
 
 @pytest.mark.parametrize("kind", backends("redis", "redlock", long=("reentrant",)))
 def test_partition(env, kind, tmp_path):
-    """Black-hole the link for 3 x TTL, then heal it.
+    """Black-hole the link for 2.5 x TTL, then heal it.
 
     A single node cut off is an outage (errors, no lease); for Redlock two of
     five nodes are cut off, a minority, and the lock keeps working.
     """
-    run = Run("proxy partition 3 x TTL", env, tmp_path).start()
+    run = Run("proxy partition 2.5 x TTL", env, tmp_path).start()
     run.load(0.5)
     cut = env.proxies[:2] if kind == "redlock" else env.proxies
     with run.fault():
         for proxy in cut:
             proxy.partition()
-        run.load(3.0)
+        run.load(2.5)
         for proxy in cut:
             proxy.heal()
     run.finish()
@@ -57,7 +57,7 @@ def test_lost_replies(env, kind, tmp_path):
     with run.fault():
         for proxy in env.proxies:
             proxy.drop_replies(0.05)
-        run.load(3.0)
+        run.load(2.5)
         for proxy in env.proxies:
             proxy.drop_replies(0)
     dropped = sum(p.dropped_replies for p in env.proxies)
