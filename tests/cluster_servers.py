@@ -285,7 +285,7 @@ class ZooKeeperServer:
                 "clientPortAddress=127.0.0.1\n"
                 "maxClientCnxns=0\n"
                 "admin.enableServer=false\n"
-                "4lw.commands.whitelist=ruok,srvr\n"
+                "4lw.commands.whitelist=ruok,srvr,wchp\n"
                 "minSessionTimeout=200\n"
                 "maxSessionTimeout=60000\n"
             )

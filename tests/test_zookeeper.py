@@ -1,0 +1,196 @@
+"""The ZooKeeper backend on a real single-node ZooKeeper (Debian's package).
+
+The server is started once for this module on a free loopback port with
+its own data directory (:class:`tests.cluster_servers.ZooKeeperServer`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from django_distlock import lock, locks
+from django_distlock.checks import check_locks_setting
+from django_distlock.exceptions import LockBackendError, LockLost
+from django_distlock.signals import lock_lost
+from tests.cluster_servers import ZooKeeperServer, wait_until
+from tests.contract import LockBackendContract, Recorder
+
+BACKEND = "django_distlock.backends.zookeeper.ZooKeeperLockBackend"
+
+
+@pytest.fixture(scope="module")
+def zookeeper():
+    server = ZooKeeperServer().start()
+    yield server
+    server.stop()
+
+
+def zk_locks(hosts: str, **options) -> dict:
+    """A LOCKS setting with the ZooKeeper backend as default."""
+    return {
+        "default": {
+            "BACKEND": BACKEND,
+            "LOCATION": hosts,
+            "OPTIONS": {"SESSION_TIMEOUT": 4, **options},
+        }
+    }
+
+
+@pytest.fixture
+def zk_settings(zookeeper):
+    with override_settings(LOCKS=zk_locks(zookeeper.hosts)):
+        yield
+    locks.reset()
+
+
+class TestZooKeeperContract(LockBackendContract):
+    """The shared backend contract on ZooKeeper."""
+
+    @pytest.fixture
+    def locks_setting(self, zookeeper):
+        return zk_locks(zookeeper.hosts)
+
+
+def _four_letters(port: int, word: bytes) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(word)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+class TestZooKeeperRecipe:
+    """Fair queue, predecessor-only watches, czxid fencing, session loss."""
+
+    def test_fair_and_no_herd(self, zookeeper, zk_settings):
+        name = f"fair:{uuid.uuid4().hex}"
+        holder = lock(name, ttl=30)
+        assert holder.acquire()
+        order: list[int] = []
+
+        def wait(i: int) -> None:
+            with lock(name, ttl=30, timeout=60):
+                order.append(i)
+
+        threads = []
+        for i in range(4):
+            t = threading.Thread(target=wait, args=(i,))
+            t.start()
+            threads.append(t)
+            # Each waiter queues (creates its node) before the next starts.
+            wait_until(
+                lambda i=i: _queue_length(name) == i + 2, 30, "the waiter to queue"
+            )
+        # Every waiter watches its own predecessor: no node is watched twice.
+        watched = _four_letters(zookeeper.port, b"wchp")
+        paths = [line for line in watched.splitlines() if line.startswith("/")]
+        assert len(paths) >= 4
+        assert len(paths) == len(set(paths))
+        holder.release()
+        for t in threads:
+            t.join(60)
+        assert order == [0, 1, 2, 3]
+
+    def test_fencing_survives_lock_node_deletion(self, zk_settings):
+        name = f"czxid:{uuid.uuid4().hex}"
+        with lock(name) as first:
+            token = first.fencing_token
+        backend = locks["default"]
+        backend.clear_stale()  # removes the now empty lock node as well
+        assert backend.client.exists(backend._dir(name)) is None
+        with lock(name) as second:
+            assert second.fencing_token > token
+
+    def test_any_name(self, zk_settings):
+        for name in ["/", "..", "a/b/../c", "\0\n*?[", "é" * 300, "x" * 2_000_000]:
+            with lock(name, timeout=0) as held:
+                assert lock(name, timeout=0).acquire() is False
+                listed = [h for h in locks["default"].holders(name) if h.name == name]
+                assert [h.fencing_token for h in listed] == [held.fencing_token]
+
+    def test_session_suspended_means_lost(self, zookeeper):
+        name = f"session:{uuid.uuid4().hex}"
+        setting = zk_locks(zookeeper.hosts, SESSION_TIMEOUT=1.5)
+        with override_settings(LOCKS=setting), Recorder(lock_lost) as rec:
+            try:
+                held = lock(name, ttl=30)
+                assert held.acquire()
+                zookeeper.proc.send_signal(signal.SIGSTOP)
+                try:
+                    lost = rec.wait_for(lock_lost, timeout=30)
+                finally:
+                    zookeeper.proc.send_signal(signal.SIGCONT)
+                assert [kw["name"] for kw in lost] == [name]
+                assert held.lease.lost
+                assert not held.locked()
+                with pytest.raises(LockLost):
+                    held.release()
+                # The backend reconnects (a new session) and works again.
+                with lock(name, timeout=30) as again:
+                    assert again.fencing_token > 0
+            finally:
+                locks.reset()
+
+    def test_listed_by_the_command(self, zk_settings):
+        name = f"listed:{uuid.uuid4().hex}"
+        with pytest.raises(LockLost), lock(name) as held:
+            out = io.StringIO()
+            call_command("locks", "list", "--format", "json", stdout=out)
+            rows = [r for r in json.loads(out.getvalue()) if r["name"] == name]
+            assert len(rows) == 1
+            assert rows[0]["fencing_token"] == held.fencing_token
+            assert rows[0]["backend"] == "default"
+            out = io.StringIO()
+            call_command("locks", "clear", name, "--noinput", stdout=out)
+            assert not held.locked()
+
+    def test_unreachable(self):
+        from tests.servers import free_port
+
+        setting = zk_locks(f"127.0.0.1:{free_port()}", CONNECT_TIMEOUT=0.5)
+        with override_settings(LOCKS=setting):
+            try:
+                started = time.monotonic()
+                with pytest.raises(LockBackendError):
+                    with lock("x"):
+                        pass  # pragma: no cover
+                assert time.monotonic() - started < 30
+            finally:
+                locks.reset()
+
+
+def _queue_length(name: str) -> int:
+    backend = locks["default"]
+    return len(backend.client.get_children(backend._dir(name)))
+
+
+class TestZooKeeperChecks:
+    def _ids(self, location, **options):
+        entry = {"BACKEND": BACKEND, "LOCATION": location}
+        if options:
+            entry["OPTIONS"] = options
+        with override_settings(LOCKS={"default": entry}):
+            return [m.id for m in check_locks_setting(None)]
+
+    def test_valid(self):
+        assert self._ids("127.0.0.1:2181") == []
+        assert self._ids("a:2181,b:2181,c:2181/chroot") == []
+        assert self._ids(["a:2181", "b:2181"], SESSION_TIMEOUT=5) == []
+
+    def test_invalid(self):
+        assert "distlock.E016" in self._ids("")
+        assert "distlock.E016" in self._ids("a:notaport")
+        assert "distlock.E016" in self._ids("a:2181", SESSION_TIMEOUT=0)
+        assert "distlock.E016" in self._ids("a:2181", BOGUS=1)
+        assert "distlock.E016" in self._ids(None)
