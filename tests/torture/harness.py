@@ -35,7 +35,7 @@ from .workers import record_key, servant
 LONG_MINUTES = float(os.environ.get("DISTLOCK_TORTURE_MINUTES") or 0)
 LONG = LONG_MINUTES > 0
 #: Phase lengths are multiplied by this in long mode.
-SCALE = 3.0 if LONG else 1.0
+SCALE = 2.0 if LONG else 1.0
 REPORT = Path(
     os.environ.get("DISTLOCK_TORTURE_REPORT")
     or Path(os.environ.get("DISTLOCK_TMP", "/tmp")) / "torture-report.jsonl"
