@@ -360,3 +360,13 @@ def failover_worker(name: str, log_path: str, stop_path: str, ttl: float) -> dic
         except LockLost:
             errors["lost"] += 1
     return errors
+
+
+def read_log(path) -> list[tuple[float, float, int, int]]:
+    """Parse a :func:`failover_worker` log: ``(start, end, token, pid)`` rows."""
+    rows = []
+    with open(path) as f:
+        for line in f.read().splitlines():
+            start, end, token, pid = line.split()
+            rows.append((float(start), float(end), int(token), int(pid)))
+    return rows

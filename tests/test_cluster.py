@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -21,7 +20,12 @@ from django_distlock import lock, locks
 from django_distlock.backends.redis import LockKeys
 from django_distlock.checks import check_locks_setting
 from django_distlock.exceptions import StaleFencingToken
-from tests.cluster_servers import RedisCluster, failover_worker, wait_until
+from tests.cluster_servers import (
+    RedisCluster,
+    failover_worker,
+    read_log,
+    wait_until,
+)
 from tests.conftest import redis_locks
 from tests.contract import LockBackendContract
 from tests.procs import run_in_processes
@@ -174,14 +178,6 @@ def _client(port: int):
     return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
 
 
-def _read_log(path: Path) -> list[tuple[float, float, int, int]]:
-    rows = []
-    for line in path.read_text().splitlines():
-        start, end, token, pid = line.split()
-        rows.append((float(start), float(end), int(token), int(pid)))
-    return rows
-
-
 class TestClusterFailover:
     """Kill the primary of a lock's slot; its replica takes over.
 
@@ -217,13 +213,13 @@ class TestClusterFailover:
         )
         runner.start()
         try:
-            wait_until(lambda: len(_read_log(log)) >= 20, 120, "load before")
+            wait_until(lambda: len(read_log(log)) >= 20, 120, "load before")
             killed_at = time.monotonic()
             key = LockKeys("distlock", name).lease
             primary, _ = self._fail_over(redis_cluster, key)
             healed_at = time.monotonic()
             wait_until(
-                lambda: sum(r[0] > healed_at for r in _read_log(log)) >= 20,
+                lambda: sum(r[0] > healed_at for r in read_log(log)) >= 20,
                 120,
                 "load after the failover",
             )
@@ -231,7 +227,7 @@ class TestClusterFailover:
             stop.write_text("stop")
             runner.join(300)
         self._rejoin(redis_cluster, primary)
-        rows = _read_log(log)
+        rows = read_log(log)
         before = [r for r in rows if r[1] < killed_at]
         after = [r for r in rows if r[0] > healed_at]
         assert before and after
