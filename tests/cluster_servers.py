@@ -122,7 +122,7 @@ class RedisCluster:
         return [n for n in self.nodes if n.proc and n.proc.poll() is None]
 
     def healthy(self) -> bool:
-        """True if every live node sees the cluster as ok with a replica each."""
+        """True if every live node sees the cluster as ok."""
         for node in self.alive():
             info = _redis_client(node.port).execute_command("CLUSTER INFO")
             if str(info.get("cluster_state")) != "ok":
@@ -147,6 +147,11 @@ class RedisCluster:
             if role[0] == b"slave" and int(role[2]) == primary.port:
                 return node
         raise LookupError(f"no live replica of port {primary.port}")
+
+    def is_synced_replica(self, node: RedisServer) -> bool:
+        """True if ``node`` is a replica whose link to its primary is up."""
+        role = _redis_client(node.port).execute_command("ROLE")
+        return role[0] == b"slave" and role[3] == b"connected"
 
     def is_primary(self, node: RedisServer) -> bool:
         return _redis_client(node.port).execute_command("ROLE")[0] == b"master"

@@ -195,7 +195,11 @@ class TestClusterFailover:
 
     def _rejoin(self, cluster: RedisCluster, node) -> None:
         node.start()  # its nodes.conf survives: it rejoins as a replica
-        wait_until(cluster.healthy, 90, "the restarted node to rejoin")
+        wait_until(
+            lambda: cluster.is_synced_replica(node) and cluster.healthy(),
+            90,
+            "the restarted node to rejoin as a replica",
+        )
 
     def test_failover_under_load(self, redis_cluster, cluster_locks, tmp_path):
         name = f"failover:{uuid.uuid4().hex}"

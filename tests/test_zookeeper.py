@@ -22,8 +22,10 @@ from django_distlock import lock, locks
 from django_distlock.checks import check_locks_setting
 from django_distlock.exceptions import LockBackendError, LockLost
 from django_distlock.signals import lock_lost
+from tests import workers
 from tests.cluster_servers import ZooKeeperServer, wait_until
 from tests.contract import LockBackendContract, Recorder
+from tests.procs import start_process
 
 BACKEND = "django_distlock.backends.zookeeper.ZooKeeperLockBackend"
 
@@ -140,6 +142,27 @@ class TestZooKeeperRecipe:
                 with lock(name, timeout=30) as again:
                     assert again.fencing_token > 0
             finally:
+                locks.reset()
+
+    def test_dead_process_loses_its_locks_with_its_session(self, zookeeper, tmp_path):
+        """A SIGKILLed holder with a long TTL: its session ends, the lock passes."""
+        name = f"dead:{uuid.uuid4().hex}"
+        ready = tmp_path / "ready"
+        setting = zk_locks(zookeeper.hosts, SESSION_TIMEOUT=1.5)
+        with override_settings(LOCKS=setting):
+            proc = start_process(workers.hold_for, name, 300.0, str(ready), 300.0)
+            try:
+                wait_until(ready.exists, 60, "the worker to take the lock")
+                theirs = int(ready.read_text())
+                assert lock(name, timeout=0).acquire() is False
+                proc.kill()
+                proc.join(30)
+                with lock(name, timeout=60) as mine:
+                    assert mine.fencing_token > theirs
+            finally:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(30)
                 locks.reset()
 
     def test_listed_by_the_command(self, zk_settings):
