@@ -10,6 +10,7 @@ import io
 import json
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -217,3 +218,7 @@ class TestZooKeeperChecks:
         assert "distlock.E016" in self._ids("a:2181", SESSION_TIMEOUT=0)
         assert "distlock.E016" in self._ids("a:2181", BOGUS=1)
         assert "distlock.E016" in self._ids(None)
+
+    def test_kazoo_missing(self, monkeypatch):
+        monkeypatch.setitem(sys.modules, "kazoo", None)
+        assert "distlock.E016" in self._ids("a:2181")
