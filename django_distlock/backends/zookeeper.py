@@ -67,6 +67,7 @@ class _Node:
     path: str
     version: int
     session: int
+    acquired_ms: int = 0
 
 
 def _seq(child: str) -> int:
@@ -272,7 +273,7 @@ class ZooKeeperLockBackend(BaseLockBackend):
         return f"{self.root}/{name_digest(name)}"
 
     @staticmethod
-    def _data(state: str, window_ms: int) -> bytes:
+    def _data(state: str, window_ms: int, acquired_ms: int | None = None) -> bytes:
         host, pid, thread = holder_identity()
         return json.dumps(
             {
@@ -281,7 +282,7 @@ class ZooKeeperLockBackend(BaseLockBackend):
                 "h": host,
                 "p": pid,
                 "th": thread,
-                "a": int(time.time() * 1000),
+                "a": acquired_ms or int(time.time() * 1000),
             },
             separators=(",", ":"),
         ).encode()
@@ -309,7 +310,6 @@ class ZooKeeperLockBackend(BaseLockBackend):
 
         directory = self._dir(name)
         for _ in range(5):
-            self._ensure_dir(client, name, directory)
             try:
                 path, stat = client.create(
                     f"{directory}/{token}-",
@@ -320,7 +320,8 @@ class ZooKeeperLockBackend(BaseLockBackend):
                 )
                 return path, stat
             except NoNodeError:
-                continue  # the empty directory was just cleared: make it again
+                # First use of this name, or its empty node was just cleared.
+                self._ensure_dir(client, name, directory)
         raise LockBackendError(f"Lock {name!r}: its ZooKeeper node keeps vanishing.")
 
     # -- the lock -----------------------------------------------------------
@@ -351,7 +352,8 @@ class ZooKeeperLockBackend(BaseLockBackend):
                 index = children.index(mine)
                 if index == 0:
                     sent = time.monotonic()
-                    stat = client.set(path, self._data("h", _ms(ttl)))
+                    acquired_ms = int(time.time() * 1000)
+                    stat = client.set(path, self._data("h", _ms(ttl), acquired_ms))
                     lease = Lease(
                         alias=self.alias,
                         name=name,
@@ -359,7 +361,9 @@ class ZooKeeperLockBackend(BaseLockBackend):
                         fencing_token=stat.czxid,
                         ttl=ttl,
                         deadline=sent + ttl,
-                        state=_Node(path, stat.version, client.client_id[0]),
+                        state=_Node(
+                            path, stat.version, client.client_id[0], acquired_ms
+                        ),
                     )
                     self._leases.add(lease)
                     path = None  # ours now: not deleted below
@@ -437,7 +441,9 @@ class ZooKeeperLockBackend(BaseLockBackend):
             sent = time.monotonic()
             try:
                 stat = client.set(
-                    node.path, self._data("h", _ms(ttl)), version=node.version
+                    node.path,
+                    self._data("h", _ms(ttl), node.acquired_ms),
+                    version=node.version,
                 )
             except (NoNodeError, BadVersionError):
                 return False
@@ -511,7 +517,9 @@ class ZooKeeperLockBackend(BaseLockBackend):
                     host=str(info.get("h", "")),
                     pid=info.get("p"),
                     thread=str(info.get("th", "")),
-                    acquired_at=datetime.fromtimestamp(stat.ctime / 1000, utc),
+                    acquired_at=datetime.fromtimestamp(
+                        int(info.get("a") or stat.ctime) / 1000, utc
+                    ),
                     expires_at=datetime.fromtimestamp(
                         time.time() + (expires - now) / 1000, utc
                     ),
