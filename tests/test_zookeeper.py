@@ -44,7 +44,8 @@ def zk_locks(hosts: str, **options) -> dict:
         "default": {
             "BACKEND": BACKEND,
             "LOCATION": hosts,
-            "OPTIONS": {"SESSION_TIMEOUT": 4, **options},
+            # Long enough that a CPU-starved test process keeps its session.
+            "OPTIONS": {"SESSION_TIMEOUT": 10, **options},
         }
     }
 
@@ -96,10 +97,20 @@ class TestZooKeeperRecipe:
                 lambda i=i: _queue_length(name) == i + 2, 30, "the waiter to queue"
             )
         # Every waiter watches its own predecessor: no node is watched twice.
-        watched = _four_letters(zookeeper.port, b"wchp")
-        paths = [line for line in watched.splitlines() if line.startswith("/")]
-        assert len(paths) >= 4
-        assert len(paths) == len(set(paths))
+        # Each waiter watches its own predecessor: the holder and the first
+        # three waiters are watched, the last waiter is not. (With a herd,
+        # every waiter would watch the holder.) A watch fires, and is set
+        # again, whenever its node is rewritten: poll for a steady moment.
+        backend = locks["default"]
+        directory = backend._dir(name)
+        queue = sorted(backend.client.get_children(directory), key=_seq)
+        expected = {f"{directory}/{child}" for child in queue[:4]}
+
+        def watched() -> set[str]:
+            text = _four_letters(zookeeper.port, b"wchp")
+            return {line for line in text.splitlines() if line.startswith("/")}
+
+        wait_until(lambda: watched() == expected, 30, "one watch per predecessor")
         holder.release()
         for t in threads:
             t.join(60)
@@ -192,6 +203,10 @@ class TestZooKeeperRecipe:
                 assert time.monotonic() - started < 30
             finally:
                 locks.reset()
+
+
+def _seq(child: str) -> int:
+    return int(child.rsplit("-", 1)[1])
 
 
 def _queue_length(name: str) -> int:
