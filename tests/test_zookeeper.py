@@ -177,6 +177,24 @@ class TestZooKeeperRecipe:
                     proc.join(30)
                 locks.reset()
 
+    def test_suspension_survived_frees_the_lost_leases(self, zk_settings):
+        """SUSPENDED then CONNECTED (same session): lost leases' nodes go."""
+        from kazoo.protocol.states import KazooState
+
+        name = f"resumed:{uuid.uuid4().hex}"
+        backend = locks["default"]
+        with Recorder(lock_lost) as rec:
+            held = lock(name, ttl=60)
+            assert held.acquire()
+            backend._session_changed(KazooState.SUSPENDED)
+            assert held.lease.lost
+            assert [kw["name"] for kw in rec.wait_for(lock_lost)] == [name]
+            backend._session_changed(KazooState.CONNECTED)
+            with lock(name, timeout=30) as again:  # not 60 s: the node went
+                assert again.fencing_token > held.fencing_token
+            with pytest.raises(LockLost):
+                held.release()
+
     def test_listed_by_the_command(self, zk_settings):
         name = f"listed:{uuid.uuid4().hex}"
         with pytest.raises(LockLost), lock(name) as held:

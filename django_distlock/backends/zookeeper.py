@@ -220,6 +220,18 @@ class ZooKeeperLockBackend(BaseLockBackend):
         from kazoo.protocol.states import KazooState
 
         if state == KazooState.CONNECTED:
+            # Back with the same session after a suspension: the nodes of the
+            # leases reported lost meanwhile may still exist. Their holders
+            # will not release them (a lost lease is dropped, not released),
+            # so delete them now rather than make waiters wait out the ttl.
+            stale = [lease for lease in list(self._leases) if lease.lost]
+            if stale:
+                threading.Thread(
+                    target=self._drop,
+                    args=(stale,),
+                    name="distlock-zk-drop",
+                    daemon=True,
+                ).start()
             return
         leases = [lease for lease in list(self._leases) if not lease.lost]
         if not leases:
@@ -235,6 +247,22 @@ class ZooKeeperLockBackend(BaseLockBackend):
                 report_lost(self, lease, reason)
 
         threading.Thread(target=report, name="distlock-zk-lost", daemon=True).start()
+
+    def _drop(self, leases: list[Lease]) -> None:
+        """Delete the nodes of lost leases, if this session still owns them."""
+        from kazoo.exceptions import KazooException
+
+        client = self._client
+        if client is None or self._client_pid != os.getpid():
+            return
+        for lease in leases:
+            self._leases.discard(lease)
+            node = lease.state
+            try:
+                if node.session == client.client_id[0]:
+                    client.delete(node.path, version=node.version)
+            except KazooException:
+                pass  # gone already, or the link dropped again: ttl ends it
 
     def close(self) -> None:
         client, self._client = self._client, None
