@@ -65,10 +65,11 @@ class RedisCluster:
     """Three primaries and three replicas (``--cluster-replicas 1``) on loopback.
 
     ``--cluster-node-timeout`` is short so that a killed primary is failed
-    over by its replica within a few seconds.
+    over by its replica within seconds, yet long enough that a node starved
+    of CPU on a loaded test machine is not failed over by mistake.
     """
 
-    NODE_TIMEOUT_MS = 1000
+    NODE_TIMEOUT_MS = 3000
 
     def __init__(self, size: int = 6):
         if shutil.which("redis-cli") is None:
@@ -165,7 +166,7 @@ class SentinelSetup:
     """One primary, one replica and three sentinels watching them."""
 
     SERVICE = "distlock-primary"
-    DOWN_AFTER_MS = 1000
+    DOWN_AFTER_MS = 3000
 
     def __init__(self):
         self.primary = RedisServer()
