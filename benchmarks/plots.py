@@ -59,7 +59,7 @@ def ratio_bars(block: dict, title: str, path: Path, target: float | None) -> Pat
     ax.set_xlim(min(0.7, min(p50) * 0.6), max(p99 + p50) * 1.6)
     ax.set_xlabel("cycle time as a multiple of the floor's p50 (log scale)")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper right")
     ax.grid(True, axis="x", which="both", alpha=0.2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
