@@ -20,7 +20,13 @@ import time
 
 from .servers import RedisServer, free_port, port_open, unavailable
 
-__all__ = ["RedisCluster", "SentinelSetup", "ZooKeeperServer", "wait_until"]
+__all__ = [
+    "RedisCluster",
+    "SentinelSetup",
+    "ZooKeeperEnsemble",
+    "ZooKeeperServer",
+    "wait_until",
+]
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
@@ -267,13 +273,16 @@ class ZooKeeperServer:
 
     TICK_MS = 100
 
-    def __init__(self):
+    def __init__(self, myid: int | None = None, ensemble: str = ""):
         self.classpath = zookeeper_classpath()
         if self.classpath is None:
             unavailable("ZooKeeper is not installed (apt-get install zookeeper)")
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="distlock-zk-")
         self.proc: subprocess.Popen | None = None
+        # An ensemble member: its id and the ``server.N=...`` lines.
+        self.myid = myid
+        self.ensemble = ensemble
 
     @property
     def hosts(self) -> str:
@@ -295,7 +304,17 @@ class ZooKeeperServer:
                 "minSessionTimeout=200\n"
                 "maxSessionTimeout=60000\n"
             )
-        self.log = open(os.path.join(self.dir, "zookeeper.log"), "wb")  # noqa: SIM115
+            if self.myid is not None:
+                f.write(f"initLimit=100\nsyncLimit=30\n{self.ensemble}")
+        if self.myid is not None:
+            with open(os.path.join(data, "myid"), "w") as f:
+                f.write(f"{self.myid}\n")
+        main = (
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+            if self.myid is not None
+            else "org.apache.zookeeper.server.ZooKeeperServerMain"
+        )
+        self.log = open(os.path.join(self.dir, "zookeeper.log"), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 "java",
@@ -305,7 +324,7 @@ class ZooKeeperServer:
                 "-Dzookeeper.admin.enableServer=false",
                 "-cp",
                 self.classpath,
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
+                main,
                 conf,
             ],
             stdout=self.log,
@@ -327,13 +346,72 @@ class ZooKeeperServer:
             s.sendall(b"ruok")
             return s.recv(4) == b"imok"
 
-    def stop(self) -> None:
+    def mode(self) -> str:
+        """``leader``, ``follower``, ``standalone``, or ``""`` if not serving."""
+        import socket
+
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(b"srvr")
+                text = b""
+                while chunk := s.recv(4096):
+                    text += chunk
+        except OSError:
+            return ""
+        for line in text.decode(errors="replace").splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
+    def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def stop(self) -> None:
+        self.kill()
         if getattr(self, "log", None):
             self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ZooKeeperEnsemble:
+    """Three ZooKeeper servers in one ensemble (a quorum of two)."""
+
+    def __init__(self, size: int = 3):
+        ports = [(free_port(), free_port()) for _ in range(size)]
+        lines = "".join(
+            f"server.{i + 1}=127.0.0.1:{quorum}:{election}\n"
+            for i, (quorum, election) in enumerate(ports)
+        )
+        self.servers = [ZooKeeperServer(i + 1, lines) for i in range(size)]
+
+    @property
+    def hosts(self) -> str:
+        return ",".join(s.hosts for s in self.servers)
+
+    def start(self) -> ZooKeeperEnsemble:
+        try:
+            for server in self.servers:
+                server.start()
+            wait_until(self.leader, 120, "the ensemble to elect a leader")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def leader(self) -> ZooKeeperServer | None:
+        """The current leader, once the others follow it; else None."""
+        live = [s for s in self.servers if s.proc and s.proc.poll() is None]
+        modes = {s: s.mode() for s in live}
+        leaders = [s for s, m in modes.items() if m == "leader"]
+        if len(leaders) != 1 or any(m == "" for m in modes.values()):
+            return None
+        return leaders[0]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
 
 
 def failover_worker(name: str, log_path: str, stop_path: str, ttl: float) -> dict:

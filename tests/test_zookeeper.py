@@ -24,7 +24,7 @@ from django_distlock.checks import check_locks_setting
 from django_distlock.exceptions import LockBackendError, LockLost
 from django_distlock.signals import lock_lost
 from tests import workers
-from tests.cluster_servers import ZooKeeperServer, wait_until
+from tests.cluster_servers import ZooKeeperEnsemble, ZooKeeperServer, wait_until
 from tests.contract import LockBackendContract, Recorder
 from tests.procs import start_process
 
@@ -219,6 +219,47 @@ class TestZooKeeperRecipe:
                     with lock("x"):
                         pass  # pragma: no cover
                 assert time.monotonic() - started < 30
+            finally:
+                locks.reset()
+
+
+@pytest.fixture(scope="module")
+def ensemble():
+    servers = ZooKeeperEnsemble().start()
+    yield servers
+    servers.stop()
+
+
+class TestZooKeeperEnsembleFailover:
+    """Three servers; kill the leader while a lock is held."""
+
+    def test_leader_failover(self, ensemble):
+        name = f"leader:{uuid.uuid4().hex}"
+        with (
+            override_settings(LOCKS=zk_locks(ensemble.hosts)),
+            Recorder(lock_lost) as rec,
+        ):
+            try:
+                held = lock(name, ttl=60)
+                assert held.acquire()
+                before = held.fencing_token
+                leader = ensemble.leader()
+                leader.kill()
+                wait_until(
+                    lambda: ensemble.leader() not in (None, leader),
+                    120,
+                    "the survivors to elect a new leader",
+                )
+                # A follower that loses its leader drops its clients: the
+                # connection is suspended, and the lease is reported lost.
+                assert [kw["name"] for kw in rec.wait_for(lock_lost, 60)] == [name]
+                with pytest.raises(LockLost):
+                    held.release()
+                # The lock is free again well before its 60 s ttl, and the
+                # token (czxid) comes from the new leader's epoch: larger.
+                with lock(name, timeout=45) as again:
+                    assert again.fencing_token > before
+                    assert again.fencing_token >> 32 > before >> 32
             finally:
                 locks.reset()
 
