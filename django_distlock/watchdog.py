@@ -30,6 +30,9 @@ __all__ = ["async_watchdog", "report_lost", "watchdog"]
 logger = logging.getLogger("django_distlock.renew")
 
 RETRY_AFTER_ERROR = 0.5
+#: The renewal thread wakes at least this often (seconds), so registering a
+#: lease due later than that needs no wake-up call.
+IDLE_TICK = 1.0
 #: A lease due within this fraction of its ttl is renewed with the due ones.
 EARLY_FRACTION = 1 / 6
 
@@ -149,9 +152,12 @@ class ThreadWatchdog:
         while True:
             with self._cond:
                 now = time.monotonic()
-                self._wake_at = self._schedule.next_due()
+                # Never sleep past the next tick: a lease registered meanwhile
+                # is then only worth a notify() (a thread switch on the
+                # acquiring path) if it is due before the tick.
+                self._wake_at = min(self._schedule.next_due(), now + IDLE_TICK)
                 if self._wake_at > now:
-                    self._cond.wait(min(self._wake_at - now, 60.0))
+                    self._cond.wait(self._wake_at - now)
                     continue
                 due = self._schedule.take_due(now)
             for backend, leases in due.items():
