@@ -61,3 +61,29 @@ def mysql_available():
         int(os.environ.get("DISTLOCK_MYSQL_PORT", "3306")),
         "MariaDB/MySQL",
     )
+
+
+# The Django-surface tests (views, command, admin, lock_for) run once per backend.
+SURFACE_BACKENDS = [
+    pytest.param("redis", marks=pytest.mark.redis),
+    "locmem",
+    # Lock rows must be committed: other processes and connections read them.
+    pytest.param("database", marks=pytest.mark.django_db(transaction=True)),
+]
+
+
+@pytest.fixture(params=SURFACE_BACKENDS)
+def backend_kind(request):
+    """Run the test once per surface backend, with LOCKS pointing at it."""
+    from .surface import locks_setting
+
+    with override_settings(LOCKS=locks_setting(request.param, request)):
+        yield request.param
+
+
+@pytest.fixture
+def cross_process_kind(backend_kind):
+    """Like ``backend_kind``, skipping locmem (its locks stay in one process)."""
+    if backend_kind == "locmem":
+        pytest.skip("locmem locks do not reach other processes")
+    return backend_kind

@@ -13,15 +13,8 @@ import pytest
 
 from django_distlock.backends.base import BaseLockBackend
 
-from .conftest import redis_locks
+from .conftest import SURFACE_BACKENDS, redis_locks  # noqa: F401 (re-exported)
 from .servers import free_port
-
-SURFACE_BACKENDS = [
-    pytest.param("redis", marks=pytest.mark.redis),
-    "locmem",
-    # Lock rows must be committed: other processes and connections read them.
-    pytest.param("database", marks=pytest.mark.django_db(transaction=True)),
-]
 
 
 def database_backend_ready() -> bool:

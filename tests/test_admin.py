@@ -18,12 +18,10 @@ from django_distlock.admin import LockAdmin
 from .conftest import redis_locks
 from .procs import start_process
 from .surface import (
-    SURFACE_BACKENDS,
     down_locks,
     fill_redis,
     hold_until_lost,
     is_listed,
-    locks_setting,
     wait_until,
 )
 
@@ -31,19 +29,6 @@ pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:django_distlock_lock_changelist"
 RELEASE = "admin:django_distlock_lock_release"
-
-
-@pytest.fixture(params=SURFACE_BACKENDS)
-def backend_kind(request):
-    with override_settings(LOCKS=locks_setting(request.param, request)):
-        yield request.param
-
-
-@pytest.fixture
-def cross_process_kind(backend_kind):
-    if backend_kind == "locmem":
-        pytest.skip("locmem locks do not reach other processes")
-    return backend_kind
 
 
 def staff(django_user_model, *perms):

@@ -17,28 +17,13 @@ from django_distlock import LockLost, lock
 from .conftest import redis_locks
 from .procs import start_process
 from .surface import (
-    SURFACE_BACKENDS,
     down_locks,
     fill_redis,
     hold_lock,
     hold_until_lost,
     is_listed,
-    locks_setting,
     wait_until,
 )
-
-
-@pytest.fixture(params=SURFACE_BACKENDS)
-def backend_kind(request):
-    with override_settings(LOCKS=locks_setting(request.param, request)):
-        yield request.param
-
-
-@pytest.fixture
-def cross_process_kind(backend_kind):
-    if backend_kind == "locmem":
-        pytest.skip("locmem locks do not reach other processes")
-    return backend_kind
 
 
 def run(*args, stdin_answer=None, monkeypatch=None):

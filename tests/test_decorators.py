@@ -13,7 +13,6 @@ from django_distlock.exceptions import LockBackendError, LockNotAcquired
 
 from .procs import run_in_processes, start_process
 from .surface import (
-    SURFACE_BACKENDS,
     buyer,
     down_locks,
     hold_lock,
@@ -22,19 +21,6 @@ from .surface import (
     wait_until,
 )
 from .testapp.models import Product
-
-
-@pytest.fixture(params=SURFACE_BACKENDS)
-def backend_kind(request):
-    with override_settings(LOCKS=locks_setting(request.param, request)):
-        yield request.param
-
-
-@pytest.fixture
-def cross_process_kind(backend_kind):
-    if backend_kind == "locmem":
-        pytest.skip("locmem locks do not reach other processes")
-    return backend_kind
 
 
 def test_free_lock_runs_the_view(backend_kind):

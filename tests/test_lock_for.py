@@ -19,30 +19,15 @@ from django_distlock.signals import (
 
 from .procs import run_in_processes, start_process
 from .surface import (
-    SURFACE_BACKENDS,
     hold_lock,
     increment_under_row_lock,
     is_listed,
-    locks_setting,
     try_lock,
     wait_until,
 )
 from .testapp.models import Product, ProductProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(params=SURFACE_BACKENDS)
-def backend_kind(request):
-    with override_settings(LOCKS=locks_setting(request.param, request)):
-        yield request.param
-
-
-@pytest.fixture
-def cross_process_kind(backend_kind):
-    if backend_kind == "locmem":
-        pytest.skip("locmem locks do not reach other processes")
-    return backend_kind
 
 
 @pytest.fixture
