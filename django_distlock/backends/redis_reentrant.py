@@ -274,6 +274,8 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             got = yield from self._reentrant_wait_steps(
                 keys, args, owner, wake, reply, sent, deadline, blocking
             )
+        except GeneratorExit:
+            raise  # closed by the executor (backend down): no round trip
         except BaseException:
             # Interrupted (cancelled task, KeyboardInterrupt...) while queued:
             # leave the queue, and give back a lease handed over meanwhile.
