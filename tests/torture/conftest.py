@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 
 from ..conftest import require_tcp
-from .harness import LONG, VERDICTS, make_env, stop_servants
+from .harness import LONG, VERDICTS, abort_runs, make_env, stop_servants
 
 DB_ALIASES = ["default", "postgres", "mysql"]
 
@@ -57,6 +57,7 @@ def env(request, kind):
         with override_settings(LOCKS=environment.locks):
             yield environment
     finally:
+        abort_runs()  # a failed scenario must not leave its workers running
         environment.stop()
 
 

@@ -36,10 +36,8 @@ LONG_MINUTES = float(os.environ.get("DISTLOCK_TORTURE_MINUTES") or 0)
 LONG = LONG_MINUTES > 0
 #: Phase lengths are multiplied by this in long mode.
 SCALE = 2.0 if LONG else 1.0
-REPORT = Path(
-    os.environ.get("DISTLOCK_TORTURE_REPORT")
-    or Path(os.environ.get("DISTLOCK_TMP", "/tmp")) / "torture-report.jsonl"
-)
+#: Where verdicts are appended as JSON lines (set by ``scripts/torture``).
+REPORT = os.environ.get("DISTLOCK_TORTURE_REPORT")
 #: Verdicts of this pytest session, for the terminal summary.
 VERDICTS: list[Verdict] = []
 
@@ -67,6 +65,8 @@ class Servant:
 
 
 _SERVANTS: list[Servant] = []
+#: Runs started and not finished: stopped by :func:`abort_runs` after a failure.
+_ACTIVE: list[Run] = []
 
 
 def servants(count: int) -> list[Servant]:
@@ -287,6 +287,7 @@ class Run:
         self.procs = servants(len(self.configs))
         for servant_, cfg in zip(self.procs, self.configs):
             servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
+        _ACTIVE.append(self)
         deadline = time.monotonic() + 120
         while len(self.events("ready")) < len(self.procs):
             if time.monotonic() > deadline:
@@ -342,6 +343,7 @@ class Run:
                     break
                 time.sleep(0.1)
         self.stop_path.write_text("stop")
+        _ACTIVE.remove(self)
         hung = []
         failed = []
         for servant_ in self.procs:
@@ -431,12 +433,25 @@ class Run:
         return verdict
 
 
+def abort_runs() -> None:
+    """Stop the workers of runs a failed test left running (or kill them)."""
+    while _ACTIVE:
+        run = _ACTIVE.pop()
+        run.stop_path.write_text("stop")
+        for servant_ in run.procs:
+            try:
+                servant_.done.get(timeout=30)
+            except Exception:
+                servant_.kill()
+
+
 def report(verdict: Verdict) -> None:
     """Keep ``verdict`` for the summary and append it to the report file."""
     VERDICTS.append(verdict)
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    with REPORT.open("a") as f:
-        f.write(json.dumps(verdict.as_dict()) + "\n")
+    if REPORT:
+        Path(REPORT).parent.mkdir(parents=True, exist_ok=True)
+        with open(REPORT, "a") as f:
+            f.write(json.dumps(verdict.as_dict()) + "\n")
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
