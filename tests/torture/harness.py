@@ -423,13 +423,6 @@ class Run:
             fault_end=self.fault_end,
             reentrant=self.env.reentrant,
         )
-        unexpected = [
-            e["err"]
-            for e in self.events("attempt")
-            if e.get("err") and e["err"].startswith("unexpected")
-        ]
-        if unexpected:
-            verdict.notes.append(f"unexpected errors: {sorted(set(unexpected))[:5]}")
         return verdict
 
 

@@ -68,6 +68,7 @@ class Verdict:
     stale_accepted: int = 0
     misreported_writes: int = 0
     token_regressions: int = 0
+    contract_errors: int = 0
     fenced_off: int = 0
     reported_losses: int = 0
     recovered_workers: int = 0
@@ -86,6 +87,7 @@ class Verdict:
             + self.stale_accepted
             + self.misreported_writes
             + self.token_regressions
+            + self.contract_errors
         )
 
     def as_dict(self) -> dict:
@@ -102,7 +104,8 @@ class Verdict:
             f"(overlaps {self.overlaps}, lost updates {self.lost_updates}, stale "
             f"writes accepted {self.stale_accepted}, misreported "
             f"{self.misreported_writes}, token regressions "
-            f"{self.token_regressions}); fenced off {self.fenced_off}, losses "
+            f"{self.token_regressions}, contract errors {self.contract_errors}); "
+            f"fenced off {self.fenced_off}, losses "
             f"reported {self.reported_losses}; availability "
             f"{self.availability:.1%} of {self.attempts} attempts, longest wait "
             f"{self.longest_wait:.2f} s; {self.recovered_workers}/{self.workers} "
@@ -145,7 +148,9 @@ def check(
     - misreported writes: a fenced write reported as rejected whose entry is
       in the record anyway;
     - token regressions: successive confirmed sections of one name whose
-      fencing tokens do not strictly increase.
+      fencing tokens do not strictly increase;
+    - contract errors: an acquisition that raised something other than a
+      LockError (the contract says LockBackendError when the backend fails).
     """
     verdict = Verdict(scenario=scenario, backend=backend)
     sections = [e for e in events if e["k"] == "cs"]
@@ -155,6 +160,14 @@ def check(
     verdict.acquired = sum(1 for a in attempts if a["ok"])
     verdict.backend_errors = sum(1 for a in attempts if a.get("err"))
     verdict.longest_wait = max((a["t1"] - a["t0"] for a in attempts), default=0.0)
+    # An acquisition may fail with a LockError (or be cancelled); anything else
+    # breaks the contract (e.g. a RuntimeError escaping from the backend).
+    unexpected = [
+        a["err"] for a in attempts if (a.get("err") or "").startswith("unexpected")
+    ]
+    verdict.contract_errors = len(unexpected)
+    if unexpected:
+        verdict.notes.append(f"contract errors: {sorted(set(unexpected))[:3]}")
     confirmed = [s for s in sections if s["rel"] == "ok"]
     verdict.confirmed = len(confirmed)
     verdict.reported_losses = sum(1 for s in sections if s["rel"] != "ok")

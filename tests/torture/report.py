@@ -18,7 +18,9 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        notes = "; ".join(n for n in r["notes"] if not n.startswith("overlap"))[:160]
+        notes = "; ".join(
+            n for n in r["notes"] if not n.startswith(("overlap", "unexpected"))
+        )[:160]
         lines.append(
             f"| {r['scenario']} | {r['backend']} | {r['critical_sections']} "
             f"({r['confirmed']}) | {r['violations']} | {r['fenced_off']} / "
