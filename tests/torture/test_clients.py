@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -43,8 +44,6 @@ def test_worker_paused_longer_than_ttl(env, kind, tmp_path):
     with run.fault():
         wait_until(lambda: _state(victim) == "T", timeout=60, what="the pause")
         time.sleep(3.0)
-        import os
-
         os.kill(victim, signal.SIGCONT)
     verdict = run.finish()
     paused = [s for s in run.events("cs") if s["id"] == "w0.3"]
@@ -86,7 +85,6 @@ def fork_worker(name: str) -> dict:
 
     Return what the children and the parent saw.
     """
-    import os
     import threading
 
     from django_distlock import lock
