@@ -171,41 +171,56 @@ class ThreadWatchdog:
 
 
 class AsyncWatchdog:
-    """The renewal task of one event loop (started on first use)."""
+    """The renewal task of one event loop (started on first use).
+
+    Like the renewal thread, the task wakes at least every ``IDLE_TICK``
+    seconds while it has leases, so that registering a lease due later than
+    its next wake-up costs no wake-up at all: an acquisition adds an entry
+    and returns. The task sleeps on a plain future with a timer (no helper
+    task, no ``wait_for``), so cancelling it (``asyncio.run()`` ending)
+    always stops it.
+    """
 
     def __init__(self) -> None:
         self._schedule = _Schedule()
-        self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._waiter: asyncio.Future | None = None
+        # When the sleeping task wakes by itself; -inf while it is awake
+        # (it looks at the schedule again before sleeping).
+        self._wake_at = -math.inf
 
     def register(self, backend: BaseLockBackend, lease: Lease) -> None:
         """Start renewing ``lease`` until :meth:`unregister`."""
-        self._schedule.add(backend, lease)
-        if self._task is None or self._task.done():
+        due = self._schedule.add(backend, lease)
+        task = self._task
+        if task is None or task.done():
+            self._wake_at = -math.inf
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name="django_distlock-watchdog"
             )
-        self._wakeup.set()
+        elif due < self._wake_at:
+            self._wake_at = -math.inf
+            _wake(self._waiter)
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""
         self._schedule.remove(lease)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._schedule.entries:
             now = time.monotonic()
-            wake_at = self._schedule.next_due()
+            wake_at = min(self._schedule.next_due(), now + IDLE_TICK)
             if wake_at > now:
-                self._wakeup.clear()
-                # asyncio.wait, not wait_for: on Python < 3.12 wait_for can
-                # swallow the task's cancellation when the event fires at the
-                # same moment, and asyncio.run() would then wait for ever on a
-                # loop still holding a lease.
-                waiter = asyncio.ensure_future(self._wakeup.wait())
+                waiter = self._waiter = loop.create_future()
+                timer = loop.call_later(wake_at - now, _wake, waiter)
+                self._wake_at = wake_at
                 try:
-                    await asyncio.wait({waiter}, timeout=min(wake_at - now, 60.0))
+                    await waiter
                 finally:
-                    waiter.cancel()
+                    self._wake_at = -math.inf
+                    self._waiter = None
+                    timer.cancel()
                 continue
             for backend, leases in self._schedule.take_due(now).items():
                 try:
@@ -214,6 +229,11 @@ class AsyncWatchdog:
                     logger.exception("Renewal on %r failed", backend.alias)
                     results = [None] * len(leases)
                 self._schedule.settle(backend, leases, results)
+
+
+def _wake(waiter: asyncio.Future | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 watchdog = ThreadWatchdog()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
 import pytest
 from django.test import override_settings
 
-from django_distlock import LockLost, LockNotAcquired, lock, locks
+from django_distlock import LockBackendError, LockLost, LockNotAcquired, lock, locks
 from django_distlock.watchdog import get_watchdog
 
 from .conftest import redis_locks
@@ -233,3 +234,253 @@ def test_asyncio_run_returns_with_a_lease_still_held(redis_url):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+# -- the native asyncio executor: connections, timeouts, scripts, loops ------
+
+
+@pytest.fixture
+def own_server():
+    from .servers import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def _own_locks(url: str, **options) -> dict:
+    return redis_locks(url, AUTO_RENEW=False, OPTIONS=options)
+
+
+def test_cancelled_mid_reply_never_returns_its_connection(redis_url):
+    """A task cancelled while its reply is on the way leaves no connection
+    holding that reply: the next commands read their own replies."""
+    backend = locks["default"]
+
+    async def scenario():
+        # The reply (nil) comes 0.3 s after the send; cancel before it.
+        task = asyncio.create_task(backend._acall("BLPOP", "nothing", 0.3))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.4)  # the stale reply would have arrived by now
+        _, conns = backend._aloop()
+        assert not conns.busy
+        for conn in conns.idle:
+            assert not await conn.can_read()
+        replies = []
+        for i in range(5):
+            replies.append(await backend._acall("SET", f"k{i}", str(i)))
+            replies.append(await backend._acall("GET", f"k{i}"))
+        async with lock("x") as held:
+            token = held.fencing_token
+        async with lock("x") as held:
+            assert held.fencing_token > token
+        return replies
+
+    expected = [r for i in range(5) for r in (b"OK", str(i).encode())]
+    assert asyncio.run(scenario()) == expected
+
+
+def test_cancelled_tasks_storm_keeps_connections_sound(redis_url):
+    backend = locks["default"]
+
+    async def scenario():
+        async def cycle(i):
+            async with lock(f"storm:{i % 3}", timeout=5):
+                await asyncio.sleep(0)
+
+        for round_ in range(20):
+            tasks = [asyncio.create_task(cycle(i)) for i in range(6)]
+            await asyncio.sleep(0.0005 * (round_ % 4))
+            for task in tasks[::2]:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        _, conns = backend._aloop()
+        for conn in conns.idle:
+            assert not await conn.can_read()
+        assert await backend._acall("SET", "after", "1") == b"OK"
+        assert await backend._acall("GET", "after") == b"1"
+        for i in range(3):
+            async with lock(f"storm:{i}", timeout=5):
+                pass
+
+    asyncio.run(scenario())
+
+
+def test_killed_server_raises_backend_error_quickly(own_server):
+    async def scenario():
+        held = lock("x")
+        assert await held.aacquire()
+        own_server.kill()
+        started = time.monotonic()
+        with pytest.raises(LockBackendError):
+            await held.arelease()
+        with pytest.raises(LockBackendError):
+            async with lock("y", timeout=5):
+                pass  # pragma: no cover
+        return time.monotonic() - started
+
+    with override_settings(LOCKS=_own_locks(own_server.url)):
+        assert asyncio.run(scenario()) < 1.0
+
+
+def test_server_restarted_between_commands_is_reconnected(own_server):
+    """An idle connection closed by the server is replaced, not reported."""
+
+    async def scenario():
+        async with lock("x"):
+            pass
+        own_server.restart()
+        # The loop sees the server's close as soon as it polls again.
+        await asyncio.sleep(0.1)
+        async with lock("x") as held:
+            return held.fencing_token
+
+    with override_settings(LOCKS=_own_locks(own_server.url)):
+        assert asyncio.run(scenario()) >= 1
+
+
+def test_paused_server_times_out_within_the_socket_timeout(own_server):
+    async def scenario():
+        async with lock("warm", timeout=0):
+            pass  # a pooled connection exists
+        own_server.pause()
+        started = time.monotonic()
+        try:
+            with pytest.raises(LockBackendError) as caught:
+                await lock("x", timeout=5).aacquire()
+        finally:
+            own_server.resume()
+        took = time.monotonic() - started
+        if sys.version_info >= (3, 11):
+            # The timeout was ours: no cancellation is left on the task.
+            assert asyncio.current_task().cancelling() == 0
+        # The server answers again: a new connection works. ("x" itself
+        # may be held now: the server ran the acquisition sent before.)
+        async with lock("y", timeout=5):
+            pass
+        return took, caught.value
+
+    with override_settings(LOCKS=_own_locks(own_server.url, SOCKET_TIMEOUT=0.5)):
+        took, error = asyncio.run(scenario())
+    assert 0.4 < took < 2.0, took
+    assert "Timeout" in str(error)
+
+
+@pytest.mark.parametrize("ours_first", [True, False])
+def test_outer_cancellation_wins_over_a_command_timeout(redis_url, ours_first):
+    """A task cancelled from elsewhere just as its command times out is
+    cancelled: the timeout must not swallow that cancellation."""
+    backend = locks["default"]
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(backend._acall("BLPOP", "nothing", 1))
+        await asyncio.sleep(0.05)
+        _, conns = backend._aloop()
+        ((conn, entry),) = conns.busy.items()
+        entry[1] = loop.time() - 1  # overdue
+        if ours_first:
+            conns.expire(loop)
+            task.cancel()
+        else:
+            task.cancel()
+            conns.expire(loop)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not conns.busy and conn not in conns.idle
+        assert await backend._acall("SET", "after", "1") == b"OK"
+
+    asyncio.run(scenario())
+
+
+def test_command_timeout_is_a_backend_error_not_a_cancellation(redis_url):
+    backend = locks["default"]
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(backend._aexecute(("blpop", "nothing", 1)))
+        await asyncio.sleep(0.05)
+        _, conns = backend._aloop()
+        ((conn, entry),) = conns.busy.items()
+        entry[1] = loop.time() - 1
+        conns.expire(loop)
+        with pytest.raises(LockBackendError, match="Timeout"):
+            await task
+        if sys.version_info >= (3, 11):
+            assert task.cancelling() == 0
+        assert not conns.busy and conn not in conns.idle
+        assert await backend._acall("SET", "after", "1") == b"OK"
+
+    asyncio.run(scenario())
+
+
+def test_noscript_recovery(redis_server, redis_url):
+    async def scenario():
+        async with lock("x") as held:
+            first = held.fencing_token
+        redis_server.client().script_flush()
+        async with lock("x") as held:
+            assert held.fencing_token > first
+            redis_server.client().script_flush()
+            assert await held.alocked()
+            await held.aextend(5)
+        # The renewal pipeline recovers too.
+        async with lock("y", ttl=TTL, auto_renew=True) as held:
+            redis_server.client().script_flush()
+            await asyncio.sleep(TTL)
+            assert not held.lease.lost
+
+    asyncio.run(scenario())
+
+
+def test_several_event_loops_in_sequence(redis_url):
+    backend = locks["default"]
+    tokens = []
+
+    async def scenario(i):
+        async with lock("x") as held:
+            tokens.append(held.fencing_token)
+        async with lock(f"renewed:{i}", ttl=TTL, auto_renew=True) as held:
+            await asyncio.sleep(TTL * 0.5)
+            assert not held.lease.lost
+        _, conns = backend._aloop()
+        return conns
+
+    seen = [asyncio.run(scenario(i)) for i in range(4)]
+    # Each loop had connections of its own; none crossed to the next loop.
+    assert len({id(c) for c in seen}) == 4
+    assert tokens == sorted(set(tokens))  # strictly increasing
+    # Back on a loop again, and in a thread's loop at the same time.
+    results = []
+    thread = threading.Thread(target=lambda: results.append(asyncio.run(scenario(9))))
+    thread.start()
+    asyncio.run(scenario(8))
+    thread.join(30)
+    assert results and tokens[-2:] == sorted(tokens[-2:])
+
+
+def test_async_renewal_does_not_wake_the_task_per_acquisition(redis_url):
+    """Registering a lease due after the task's next tick costs no wake-up."""
+    from django_distlock.watchdog import async_watchdog
+
+    async def scenario():
+        async with lock("first", ttl=30) as first:
+            assert first.lease is not None
+            await asyncio.sleep(0.01)  # the renewal task is asleep now
+            dog = async_watchdog()
+            waiter = dog._waiter
+            assert waiter is not None and not waiter.done()
+            for i in range(20):
+                async with lock(f"more:{i}", ttl=30):
+                    pass
+            assert dog._waiter is waiter and not waiter.done()
+            # A lease due sooner than the next tick wakes it at once.
+            async with lock("short", ttl=0.3) as short:
+                assert waiter.done()
+                await asyncio.sleep(0.6)
+                assert await short.alocked()
+
+    asyncio.run(scenario())
