@@ -732,9 +732,24 @@ class RedisLockBackend(BaseLockBackend):
         conn = conns.idle.pop() if conns.idle else self._anew_connection()
         entry = conns.watch(loop, conn, self._atimeout_for(conn))
         try:
-            await self._aready(conn)
-            await conn.send_packed_command(self._apack(args), check_health=False)
-            reply = await conn.read_response()
+            if not conn.is_connected:
+                await conn.connect()  # a refusal is raised once: no retries
+            elif await conn.can_read():
+                # Closed by the server since last use, or unread data: the
+                # stream is not ours any more.
+                await conn.disconnect(nowait=True)
+                await conn.connect()
+            # The layer under send_packed_command()/read_response(): the
+            # connection's stream writer and its (hiredis) parser. Those two
+            # wrappers only add checks done above, per-call timeouts (ours is
+            # the deadline) and error wrapping (done by our caller).
+            writer = conn._writer
+            writer.write(self._apack(args))
+            if writer.transport.get_write_buffer_size():
+                await writer.drain()  # only when the socket did not take it all
+            reply = await conn._parser.read_response()
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise reply
         except redis.exceptions.ResponseError:
             del conns.busy[conn]
             self._acheckin(conns, conn)
