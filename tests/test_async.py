@@ -484,3 +484,35 @@ def test_async_renewal_does_not_wake_the_task_per_acquisition(redis_url):
                 assert await short.alocked()
 
     asyncio.run(scenario())
+
+
+def test_cache_option_keeps_the_cache_connection_settings(redis_server, redis_url):
+    """With OPTIONS["CACHE"], async commands go to the cache's database."""
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "locks": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": redis_url.rsplit("/", 1)[0] + "/3",
+            "OPTIONS": {"SOCKET_TIMEOUT": 0.7},
+        },
+    }
+    locks_setting = {
+        "default": {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "OPTIONS": {"CACHE": "locks"},
+        }
+    }
+
+    async def scenario():
+        async with lock("in-db-3") as held:
+            assert await held.alocked()
+            import redis
+
+            db3 = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/3")
+            return db3.keys("*"), locks["default"]._aspec[2]
+
+    with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
+        keys, timeout = asyncio.run(scenario())
+    assert len(keys) == 1 and keys[0].startswith(b"distlock:{")
+    assert timeout == 0.7
+    assert redis_server.client().keys("*") == []  # nothing in db 0

@@ -61,8 +61,8 @@ class _LoopConnections:
     """A backend's ``redis.asyncio`` connections on one event loop.
 
     ``idle`` are ready for use. ``busy`` maps each connection in use to
-    ``[task, deadline, expired, cancelling]``: one timer per loop (not one per command)
-    wakes at the earliest deadline and cancels the task of a command that
+    ``[task, deadline, expired, cancelling]``: one timer per loop (not one
+    per command) wakes at the earliest deadline and cancels the task of a command that
     overran it, which then raises a timeout. Arming and cancelling a timer
     on every command costs more than the rest of the command's Python work,
     and ``asyncio.wait_for`` (redis-py's way) even starts a task.
@@ -124,11 +124,12 @@ def _timed_out(entry: list, exc: BaseException) -> bool:
     Not when the task was also cancelled by someone else meanwhile: that
     cancellation must go on (the same rule as ``asyncio.timeout``).
     """
-    if not entry[2] or not isinstance(exc, asyncio.CancelledError):
+    if not entry[2]:
         return False
     if _HAS_UNCANCEL:
+        # Ours is consumed, whatever the driver turned it into.
         return entry[0].uncancel() <= entry[3]
-    return True
+    return isinstance(exc, asyncio.CancelledError)
 
 
 def _adrop(conn) -> None:
@@ -721,8 +722,8 @@ class RedisLockBackend(BaseLockBackend):
 
         One deadline bounds the whole command (connecting included); no task
         is created. A connection interrupted anywhere (timeout, error, the
-        task's cancellation mid-reply) is closed, never reused; server errors
-        (``ResponseError``, e.g. NOSCRIPT) leave it usable.
+        task's cancellation mid-reply) is closed, never reused; an error
+        reply (``ResponseError``, e.g. NOSCRIPT) leaves it usable.
         """
         import redis
 
@@ -748,12 +749,6 @@ class RedisLockBackend(BaseLockBackend):
             if writer.transport.get_write_buffer_size():
                 await writer.drain()  # only when the socket did not take it all
             reply = await conn._parser.read_response()
-            if isinstance(reply, redis.exceptions.ResponseError):
-                raise reply
-        except redis.exceptions.ResponseError:
-            del conns.busy[conn]
-            self._acheckin(conns, conn)
-            raise
         except BaseException as exc:
             del conns.busy[conn]
             error = self._afailed(conn, entry, exc)
@@ -762,6 +757,10 @@ class RedisLockBackend(BaseLockBackend):
             raise error from exc
         del conns.busy[conn]
         self._acheckin(conns, conn)
+        if isinstance(reply, redis.exceptions.ResponseError):
+            # An error reply (e.g. NOSCRIPT), read whole: the connection is
+            # fine. (One raised while connecting dropped it, above.)
+            raise reply
         return reply
 
     async def _apipeline(self, commands: list[tuple]) -> list:
