@@ -507,12 +507,14 @@ BACKEND_MODULES = {
     "reentrant": "django_distlock.backends.redis",
     "redlock": "django_distlock.backends.redlock",
     "database": "django_distlock.backends.database",
+    "zookeeper": "django_distlock.backends.zookeeper",
 }
 BACKEND_CLASSES = {
     "redis": "RedisLockBackend",
     "reentrant": "ReentrantRedisLockBackend",
     "redlock": "RedlockBackend",
     "database": "DatabaseLockBackend",
+    "zookeeper": "ZooKeeperLockBackend",
 }
 
 
@@ -532,6 +534,7 @@ PAUSE_BACKENDS = [
     backend_param("database", "default"),
     backend_param("database", "postgres"),
     backend_param("database", "mysql"),
+    backend_param("zookeeper"),
 ]
 
 
@@ -542,6 +545,16 @@ def redlock_servers():
     yield servers
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server():
+    """A single-node ZooKeeper of its own (started on first use)."""
+    from .cluster_servers import ZooKeeperServer
+
+    server = ZooKeeperServer().start()
+    yield server
+    server.stop()
 
 
 def backend_locks(request, backend: str, rows_db: str) -> dict:
@@ -562,6 +575,14 @@ def backend_locks(request, backend: str, rows_db: str) -> dict:
             server.client().flushall()
         location = [server.url for server in servers]
         return {"default": {"BACKEND": path, "LOCATION": location}}
+    if backend == "zookeeper":
+        server = request.getfixturevalue("zookeeper_server")
+        # A session long enough that only the paused worker's lock lapses
+        # (through its TTL), not the sessions of the processes still running.
+        options = {"SESSION_TIMEOUT": 10}
+        return {
+            "default": {"BACKEND": path, "LOCATION": server.hosts, "OPTIONS": options}
+        }
     return {"default": {"BACKEND": path, "OPTIONS": {"DATABASE": rows_db}}}
 
 
