@@ -22,7 +22,7 @@ def backends(*kinds: str, long: tuple[str, ...] = ()) -> list:
     params = []
     for kind in (*kinds, *long):
         marks = [pytest.mark.django_db(transaction=True)]
-        if kind in ("redis", "reentrant", "redlock"):
+        if kind in ("redis", "reentrant", "redlock", "cluster", "sentinel"):
             marks.append(pytest.mark.redis)
         if kind == "postgres":
             marks = [

@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -98,6 +99,8 @@ class Env:
     proxies: list[FaultProxy] = field(default_factory=list)
     record_db: str = "default"
     reentrant: bool = False
+    # tests.cluster_servers.RedisCluster / SentinelSetup for those kinds
+    cluster: Any = None
 
     @property
     def backend(self):
@@ -110,6 +113,8 @@ class Env:
             proxy.stop()
         for server in self.servers:
             server.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def lease_keys(self) -> int:
         """Return how many lock keys (not fencing counters) the nodes hold."""
@@ -199,6 +204,31 @@ def make_env(kind: str, nodes: int = 5) -> Env:
             "OPTIONS": REDLOCK_OPTIONS,
         }
         return Env(kind, {"default": entry}, servers, proxies)
+    if kind == "cluster":
+        from tests.cluster_servers import RedisCluster
+
+        cluster = RedisCluster().start()
+        entry = {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "LOCATION": cluster.url,
+            "TTL": 1.0,
+            "OPTIONS": REDIS_OPTIONS,
+        }
+        return Env(kind, {"default": entry}, cluster=cluster)
+    if kind == "sentinel":
+        from tests.cluster_servers import SentinelSetup
+
+        setup = SentinelSetup().start()
+        entry = {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "TTL": 1.0,
+            "OPTIONS": {
+                **REDIS_OPTIONS,
+                "SENTINELS": setup.sentinels,
+                "SERVICE_NAME": setup.SERVICE,
+            },
+        }
+        return Env(kind, {"default": entry}, cluster=setup)
     if kind in ("database", "postgres", "mysql"):
         db = "default" if kind == "database" else kind
         entry = {

@@ -77,3 +77,58 @@ def test_redlock_one_two_then_three_of_five_down(env, kind, tmp_path):
     assert not [a for a in inside if a["ok"]], "acquired without a quorum"
     assert "LockBackendError" in {a["err"] for a in inside}
     env.assert_no_phantom_leases(1.0)
+
+
+@pytest.mark.parametrize("kind", backends("cluster"))
+def test_cluster_primary_killed_replica_promoted(env, kind, tmp_path):
+    """SIGKILL the Redis Cluster primary of the workers' lock; its replica
+    takes over.
+
+    Replication is asynchronous: a grant the replica had not yet received is
+    lost with the primary, and a second holder may then get the lock. Its
+    holder must find out (LockLost, or an error at release), and fencing
+    must refuse its late writes: tokens are the promoted replica's clock.
+    """
+    from django_distlock.backends.redis import LockKeys
+
+    from .harness import wait_until
+
+    run = Run("cluster primary SIGKILLed", env, tmp_path, names=["torture:a"])
+    run.start()
+    run.load(1.0)
+    cluster = env.cluster
+    primary = cluster.primary_of(LockKeys("distlock", "torture:a").lease)
+    replica = cluster.replica_of(primary)
+    with run.fault():
+        primary.kill()
+        wait_until(
+            lambda: cluster.is_primary(replica) and cluster.healthy(),
+            90,
+            "the replica to be promoted",
+        )
+    run.finish()
+
+
+@pytest.mark.parametrize("kind", backends("sentinel"))
+def test_sentinel_primary_killed_replica_promoted(env, kind, tmp_path):
+    """SIGKILL the primary behind Redis Sentinel; the sentinels promote the
+    replica and the clients follow it without being restarted.
+
+    As with a cluster, a grant not yet replicated is lost with the primary:
+    its holder must find out, and fencing must refuse its late writes.
+    """
+    from .harness import wait_until
+
+    setup = env.cluster
+    run = Run("sentinel primary SIGKILLed", env, tmp_path, names=["torture:a"])
+    run.start()
+    run.load(1.0)
+    old_port = setup.current_primary_port()
+    with run.fault():
+        setup.primary.kill()
+        wait_until(
+            lambda: setup.current_primary_port() != old_port,
+            120,
+            "the sentinels to promote the replica",
+        )
+    run.finish()
