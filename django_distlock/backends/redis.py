@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import LockBackendError
 from ..keys import decode_name, encode_name, glob_escape, name_digest
-from .base import BaseLockBackend, Holder, Lease, holder_identity, new_token
+from .base import Holder, Lease, holder_identity, new_token
 from .scripts import LuaScript, load_script
+from .steps import StepsBackend
 
 __all__ = ["RedisLockBackend", "ReentrantRedisLockBackend"]
 
@@ -164,7 +165,7 @@ def _ms(seconds: float) -> int:
     return max(1, int(math.ceil(seconds * 1000)))
 
 
-class RedisLockBackend(BaseLockBackend):
+class RedisLockBackend(StepsBackend):
     """Locks on one Redis server (or the server behind a django-redis cache).
 
     ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
@@ -993,32 +994,6 @@ class RedisLockBackend(BaseLockBackend):
         return holder is not None and holder.decode() == lease.token
 
     # -- the contract -----------------------------------------------------
-
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
-        return self._run(self._acquire_steps(name, ttl, timeout))
-
-    def release(self, lease: Lease) -> bool:
-        return self._run(self._release_steps(lease))
-
-    def extend(self, lease: Lease, ttl: float) -> bool:
-        return self._run(self._extend_steps(lease, ttl))
-
-    def is_held(self, lease: Lease) -> bool:
-        return self._run(self._is_held_steps(lease))
-
-    async def aacquire(
-        self, name: str, ttl: float, timeout: float | None
-    ) -> Lease | None:
-        return await self._arun(self._acquire_steps(name, ttl, timeout))
-
-    async def arelease(self, lease: Lease) -> bool:
-        return await self._arun(self._release_steps(lease))
-
-    async def aextend(self, lease: Lease, ttl: float) -> bool:
-        return await self._arun(self._extend_steps(lease, ttl))
-
-    async def ais_held(self, lease: Lease) -> bool:
-        return await self._arun(self._is_held_steps(lease))
 
     def renew(self, leases) -> list[bool | None]:
         """Renew every lease in one pipelined round trip."""

@@ -45,9 +45,10 @@ from typing import Any
 
 from ..exceptions import LockBackendError
 from ..keys import decode_name, encode_name, glob_escape
-from .base import BaseLockBackend, Holder, Lease, holder_identity, new_token
+from .base import Holder, Lease, holder_identity, new_token
 from .redis import LockKeys
 from .scripts import load_script
+from .steps import StepsBackend
 
 __all__ = ["RedlockBackend"]
 
@@ -192,7 +193,7 @@ class _Conns(threading.local):
         self.conns: dict[int, Any] = {}
 
 
-class RedlockBackend(BaseLockBackend):
+class RedlockBackend(StepsBackend):
     """Locks held by a majority of independent Redis masters (Redlock).
 
     ``LOCATION`` is a list of at least 3 redis URLs (an odd count is best).
@@ -953,38 +954,12 @@ class RedlockBackend(BaseLockBackend):
 
     # -- the contract -----------------------------------------------------
 
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
-        return self._run(self._acquire_steps(name, ttl, timeout))
-
-    def release(self, lease: Lease) -> bool:
-        return self._run(self._release_steps(lease))
-
-    def extend(self, lease: Lease, ttl: float) -> bool:
-        return self._run(self._extend_steps(lease, ttl))
-
-    def is_held(self, lease: Lease) -> bool:
-        return self._run(self._is_held_steps(lease))
-
     def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
         """Renew every lease on every node in one pipelined round trip."""
         leases = list(leases)
         if not leases:
             return []
         return self._run(self._renew_steps(leases))
-
-    async def aacquire(
-        self, name: str, ttl: float, timeout: float | None
-    ) -> Lease | None:
-        return await self._arun(self._acquire_steps(name, ttl, timeout))
-
-    async def arelease(self, lease: Lease) -> bool:
-        return await self._arun(self._release_steps(lease))
-
-    async def aextend(self, lease: Lease, ttl: float) -> bool:
-        return await self._arun(self._extend_steps(lease, ttl))
-
-    async def ais_held(self, lease: Lease) -> bool:
-        return await self._arun(self._is_held_steps(lease))
 
     async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
         leases = list(leases)
