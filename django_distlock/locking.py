@@ -149,7 +149,7 @@ class Lock(ContextDecorator):
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
         lease = backend.acquire(self.name, self.ttl, wait)
-        return self._acquired(backend, lease, started, wait, None)
+        return self._acquired(backend, lease, started, wait)
 
     def release(self) -> None:
         """Release the lock.
@@ -210,12 +210,7 @@ class Lock(ContextDecorator):
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
         lease = await backend.aacquire(self.name, ttl, wait)
-        # The loop's watchdog is looked up only when it will be used.
-        renew = self._auto_renew
-        if renew is None:
-            renew = backend.auto_renew
-        renewer = async_watchdog() if renew and lease is not None else None
-        return self._acquired(backend, lease, started, wait, renewer)
+        return self._acquired(backend, lease, started, wait, asynchronous=True)
 
     async def arelease(self) -> None:
         """Async twin of :meth:`release`."""
@@ -246,11 +241,7 @@ class Lock(ContextDecorator):
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
         lease = await backend.aacquire(self.name, ttl, wait)
-        renew = self._auto_renew
-        if renew is None:
-            renew = backend.auto_renew
-        renewer = async_watchdog() if renew and lease is not None else None
-        if not self._acquired(backend, lease, started, wait, renewer):
+        if not self._acquired(backend, lease, started, wait, asynchronous=True):
             raise LockNotAcquired(self._not_acquired_message(), name=self.name)
         return self
 
@@ -295,7 +286,9 @@ class Lock(ContextDecorator):
 
     # -- bookkeeping ------------------------------------------------------
 
-    def _acquired(self, backend, lease, started, wait, renewer) -> bool:
+    def _acquired(
+        self, backend, lease, started, wait, *, asynchronous: bool = False
+    ) -> bool:
         waited = time.monotonic() - started
         if lease is None:
             acquire_log.debug("Lock %r busy after %.3f s", self.name, waited)
@@ -309,8 +302,14 @@ class Lock(ContextDecorator):
                     timeout=wait,
                 )
             return False
-        if self.auto_renew:
-            renewer = renewer or get_watchdog()
+        renew = self._auto_renew
+        if renew is None:
+            renew = backend.auto_renew
+        renewer = None
+        if renew:
+            # The thread renews sync leases; the loop's task renews async ones
+            # (looked up only when it will be used).
+            renewer = async_watchdog() if asynchronous else get_watchdog()
             renewer.register(backend, lease)
         self._leases.append((lease, renewer))
         if not backend.reentrant:
