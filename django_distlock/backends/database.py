@@ -29,7 +29,9 @@ skew between app servers does not matter. Waiting is polling with jittered
 exponential backoff (capped by ``OPTIONS["MAX_BACKOFF"]``, 50 ms) that also
 wakes up when the holder's lease runs out; on PostgreSQL,
 ``OPTIONS["WAIT"] = "notify"`` makes waiters sleep on LISTEN until a
-release's NOTIFY instead.
+release's NOTIFY instead. The polling loop is written once, as a generator of
+steps (an attempt, a sleep) that a synchronous and an asyncio executor drive,
+as in :mod:`.steps`, so ``acquire`` and ``aacquire`` cannot drift apart.
 
 See ``docs/backends/database.md`` for the guarantees per database.
 """
@@ -47,7 +49,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -70,6 +72,10 @@ DELETE_CHUNK = 500
 NOTIFY_SAFETY_WAIT = 1.0
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
+
+#: The polling loop as a generator of ``(kind, argument)`` steps, driven by
+#: :meth:`DatabaseLockBackend._run` or :meth:`DatabaseLockBackend._arun`.
+Steps = Generator[tuple[str, Any], Any, Any]
 
 _ESCAPE = re.compile("[\\\\\x00\ud800-\udfff]")
 _UNESCAPE = re.compile(r"\\(\\|0|u[0-9a-f]{4})")
@@ -890,26 +896,30 @@ class DatabaseLockBackend(BaseLockBackend):
             return None
         return Lease(self.alias, name, token, fence, ttl, sent + ttl, state=digest)
 
-    # -- the contract -----------------------------------------------------
+    # -- polling, written once for acquire() and aacquire() ---------------
 
-    def _sleep_for(self, delay: float, hint: float, left: float) -> float:
-        # Jittered exponential backoff, but wake when the lease can expire.
-        return max(0.0, min(random.uniform(delay / 2, delay), hint + 0.001, left))
+    def _acquire_steps(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        identity: tuple[str, int, str],
+    ) -> Steps:
+        """Poll for ``name`` until acquired or ``timeout``; return the lease.
 
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
-        if self.wait_notify:
-            return self._acquire_notified(name, ttl, timeout, self._identity())
+        Yield ``("attempt", args)``, to be answered with what
+        ``_attempt(cursor, *args)`` returns, or ``("sleep", seconds)``; the
+        executors :meth:`_run` and :meth:`_arun` carry them out.
+        """
         digest = self._digest(name)
         token = secrets.token_hex(16)
-        identity = self._identity()
+        args = (name, digest, token, ttl, identity)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         delay = MIN_BACKOFF
         quick = 0
         while True:
             sent = time.monotonic()
-            fence, hint = self._call(
-                "acquire", self._attempt, name, digest, token, ttl, identity
-            )
+            fence, hint = yield ("attempt", args)
             if fence is not None:
                 return Lease(
                     self.alias, name, token, fence, ttl, sent + ttl, state=digest
@@ -920,8 +930,50 @@ class DatabaseLockBackend(BaseLockBackend):
             left = deadline - time.monotonic()
             if timeout == 0 or left <= 0:
                 return None
-            time.sleep(self._sleep_for(delay, hint, left))
+            # Jittered exponential backoff, but wake when the lease can expire.
+            wait = min(random.uniform(delay / 2, delay), hint + 0.001, left)
+            yield ("sleep", max(0.0, wait))
             delay = min(delay * 2, self.max_backoff)
+
+    def _run(self, steps: Steps) -> Any:
+        """Carry out ``steps`` in this thread; return its result.
+
+        The steps hold nothing to clean up: an error just propagates.
+        """
+        reply = None
+        while True:
+            try:
+                kind, arg = steps.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if kind == "attempt":
+                reply = self._call("acquire", self._attempt, *arg)
+            else:
+                time.sleep(arg)
+                reply = None
+
+    async def _arun(self, steps: Steps) -> Any:
+        """Carry out ``steps`` on the event loop, attempts in worker threads."""
+        call = sync_to_async(self._call, thread_sensitive=False)
+        reply = None
+        while True:
+            try:
+                kind, arg = steps.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if kind == "attempt":
+                reply = await call("acquire", self._attempt, *arg)
+            else:
+                await asyncio.sleep(arg)
+                reply = None
+
+    # -- the contract -----------------------------------------------------
+
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        identity = self._identity()
+        if self.wait_notify:
+            return self._acquire_notified(name, ttl, timeout, identity)
+        return self._run(self._acquire_steps(name, ttl, timeout, identity))
 
     async def aacquire(
         self, name: str, ttl: float, timeout: float | None
@@ -936,29 +988,7 @@ class DatabaseLockBackend(BaseLockBackend):
             return await sync_to_async(self._acquire_notified, thread_sensitive=False)(
                 name, ttl, timeout, identity
             )
-        digest = self._digest(name)
-        token = secrets.token_hex(16)
-        attempt = sync_to_async(self._call, thread_sensitive=False)
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        delay = MIN_BACKOFF
-        quick = 0
-        while True:
-            sent = time.monotonic()
-            fence, hint = await attempt(
-                "acquire", self._attempt, name, digest, token, ttl, identity
-            )
-            if fence is not None:
-                return Lease(
-                    self.alias, name, token, fence, ttl, sent + ttl, state=digest
-                )
-            if not hint and quick < 3:
-                quick += 1  # the row was free or just created: go again now
-                continue
-            left = deadline - time.monotonic()
-            if timeout == 0 or left <= 0:
-                return None
-            await asyncio.sleep(self._sleep_for(delay, hint, left))
-            delay = min(delay * 2, self.max_backoff)
+        return await self._arun(self._acquire_steps(name, ttl, timeout, identity))
 
     def _lease_digest(self, lease: Lease) -> str:
         return lease.state if isinstance(lease.state, str) else self._digest(lease.name)
