@@ -35,6 +35,10 @@ import json
 import math
 import os
 import random
+import select
+import socket
+import ssl
+import struct
 import threading
 import time
 import weakref
@@ -185,6 +189,88 @@ def _prelude() -> list[tuple]:
     # write: the node's identity (restart detection) and our scripts (a
     # restarted node has an empty script cache).
     return [("INFO", "server")] + [("SCRIPT", "LOAD", s.source) for s in SCRIPTS]
+
+
+def _kernel_timeouts(sock, seconds: float) -> None:
+    """Make ``sock`` blocking, bounded by kernel timeouts of ``seconds``.
+
+    A Python socket timeout costs a poll() before every send and receive;
+    SO_RCVTIMEO/SO_SNDTIMEO bound the same calls with no extra system call.
+    redis-py puts its own timeout back when it uses the socket (BLPOP), so
+    the executor calls this again whenever it finds one.
+    """
+    sec = int(seconds)
+    tv = struct.pack("ll", sec, int((seconds - sec) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.settimeout(None)
+
+
+def _lean(conn) -> bool:
+    """Whether the executor reads ``conn`` itself (hiredis, plain socket)."""
+    return getattr(conn._parser, "_reader", None) is not None and not isinstance(
+        conn._sock, ssl.SSLSocket
+    )
+
+
+def _timed_out(error: BaseException) -> bool:
+    import redis
+
+    # A kernel timeout (SO_RCVTIMEO/SO_SNDTIMEO) surfaces as EAGAIN.
+    return isinstance(error, (redis.exceptions.TimeoutError, TimeoutError)) or (
+        isinstance(error, BlockingIOError)
+    )
+
+
+def _read_replies(conn, count: int, deadline: float, slack: float) -> list:
+    """Read ``count`` replies from ``conn``'s socket through its hiredis reader.
+
+    Error replies come back as values (the reader is built that way), so the
+    connection stays in step whatever a node answers. Each receive is one
+    system call bounded by the kernel timeout; only when less than ``slack``
+    is left before ``deadline`` is the wait cut shorter with a poll().
+    """
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+
+    sock = conn._sock
+    if sock is None or sock.gettimeout() is not None:
+        return _read_replies_slowly(conn, count, deadline, slack)
+    parser = conn._parser
+    reader, buffer = parser._reader, parser._buffer
+    replies = []
+    while len(replies) < count:
+        reply = reader.gets()
+        if reply is not NOT_ENOUGH_DATA:
+            replies.append(reply)
+            continue
+        left = deadline - time.monotonic()
+        if left < slack and not _readable(sock, left):
+            raise TimeoutError("timed out")
+        received = sock.recv_into(buffer)
+        if received == 0:
+            raise ConnectionResetError("connection closed by the node")
+        reader.feed(buffer, 0, received)
+    return replies
+
+
+def _readable(sock, seconds: float) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(seconds * 1000))))
+
+
+def _read_replies_slowly(conn, count: int, deadline: float, slack: float) -> list:
+    # Without hiredis, or over TLS: redis-py's parser and its socket timeout.
+    # (sock.gettimeout() is None only after _kernel_timeouts: see _lean.)
+    parser = conn._parser
+    replies = []
+    for _ in range(count):
+        left = deadline - time.monotonic()
+        if left > slack:
+            replies.append(parser.read_response())
+        else:
+            replies.append(parser.read_response(timeout=max(left, 0.0001)))
+    return replies
 
 
 class _Conns(threading.local):
@@ -451,6 +537,8 @@ class RedlockBackend(StepsBackend):
                 if packed is None:
                     packed = b"".join(conn.pack_commands(step.commands))
                 sock = conn._sock
+                if sock.gettimeout() is not None and _lean(conn):
+                    _kernel_timeouts(sock, self.node_timeout)
                 if prelude:
                     sock.sendall(b"".join(conn.pack_commands(_prelude())) + packed)
                 else:
@@ -458,7 +546,7 @@ class RedlockBackend(StepsBackend):
                 sent[sock.fileno()] = (i, conn, prelude)
             except (redis.exceptions.RedisError, OSError) as e:
                 results[i] = _Failed(e)
-                self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError), e)
+                self._drop(i, conn, _timed_out(e), e)
         # Read in sending order, each read bounded by what is left of the one
         # deadline: the replies travel in parallel, so by the time the first
         # one is in the others usually are too, and a stopped node costs at
@@ -480,34 +568,22 @@ class RedlockBackend(StepsBackend):
         import redis
 
         node = self.nodes[i]
-        # The parser directly: it hands error replies back as values, so the
-        # connection stays in step whatever a node answers.
-        parser = conn._parser
-        half = self.node_timeout / 2
-
-        def read():
-            left = deadline - time.monotonic()
-            if left > half:
-                # The socket's own timeout (NODE_TIMEOUT) is close enough:
-                # no settimeout() system calls on the fast path.
-                return parser.read_response()
-            return parser.read_response(timeout=max(left, 0.0001))
-
         try:
-            if prelude:
-                node.seen(read(), self.restart_delay)
-                for _ in range(prelude - 1):
-                    read()
-            replies = [read() for _ in step.commands]
-            for reply in replies:
-                if isinstance(reply, redis.exceptions.ResponseError):
-                    if isinstance(reply, redis.exceptions.NoScriptError):
-                        conn.disconnect()  # reconnecting reloads the scripts
-                    return _Failed(reply)
-            return self._unless_quarantined(node, step, replies)
+            replies = _read_replies(
+                conn, prelude + len(step.commands), deadline, self.node_timeout / 2
+            )
         except (redis.exceptions.RedisError, OSError) as e:
-            self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
+            self._drop(i, conn, _timed_out(e), e)
             return _Failed(e)
+        if prelude:
+            node.seen(replies[0], self.restart_delay)
+            replies = replies[prelude:]
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.ResponseError):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    conn.disconnect()  # reconnecting reloads the scripts
+                return _Failed(reply)
+        return self._unless_quarantined(node, step, replies)
 
     def _block(self, step: Block):
         import redis
@@ -526,7 +602,7 @@ class RedlockBackend(StepsBackend):
                 return False
             return conn.read_response()
         except (redis.exceptions.RedisError, OSError) as e:
-            self._drop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
+            self._drop(i, conn, _timed_out(e))
             return False
 
     def _run(self, steps: Generator) -> Any:
