@@ -26,12 +26,11 @@ import sys
 import time
 import weakref
 from collections.abc import Generator, Iterator
-from datetime import datetime, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import LockBackendError
-from ..keys import decode_name, encode_name, glob_escape, name_digest
+from ..keys import encode_name, glob_escape, name_digest
 from .base import Holder, Lease, holder_identity, new_token
 from .scripts import LuaScript, load_script
 from .steps import StepsBackend
@@ -52,6 +51,8 @@ MAX_IDLE_CONNECTIONS = 64
 MAX_WAIT_SLICE = 5.0
 #: LOCATION schemes of a Redis Cluster (the rest of the URL as for redis://).
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+#: Keys one listing step scans (and reads, in one script call).
+LIST_SCAN_COUNT = 1000
 
 # A command for an executor: ("eval", script, keys, args) or ("blpop", key, secs)
 # or ("hget", key, field).
@@ -1094,55 +1095,105 @@ class RedisLockBackend(StepsBackend):
         # Exactly "<prefix>:{<43-char digest>}": a longer KEY_PREFIX that
         # starts with ours (another alias's) can never match.
         pattern = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}"
-        client = self.client
+        # A str prefix of the name is a bytes prefix of its stored form.
+        wanted = encode_name(prefix)
+        alias = self.alias
+        make = Holder.from_ms
         try:
-            batch: list[bytes] = []
-            for key in client.scan_iter(match=pattern, count=1000, _type="HASH"):
-                batch.append(key)
-                if len(batch) >= 1000:
-                    yield from self._holders_of(batch, prefix)
-                    batch = []
-            if batch:
-                yield from self._holders_of(batch, prefix)
+            if self.cluster:
+                replies = self._cluster_list_replies(pattern, wanted)
+            else:
+                replies = self._list_replies(pattern, wanted)
+            for reply in replies:
+                now_ms = time.time_ns() // 1_000_000
+                values = iter(reply)
+                next(values)  # the scan cursor
+                for token, fence, name, host, pid, thread, acquired, pttl in zip(
+                    *[values] * 8
+                ):
+                    yield make(
+                        alias,
+                        name.decode("utf-8", "surrogatepass") if name else "",
+                        token.decode(),
+                        host.decode(errors="replace") if host else "",
+                        int(pid) if pid else None,
+                        thread.decode(errors="replace") if thread else "",
+                        int(acquired) if acquired else None,
+                        now_ms + pttl if pttl > 0 else None,
+                        int(fence) if fence else None,
+                    )
         except redis.exceptions.RedisError as e:
             raise self._error(e, "list locks") from e
 
-    def _holders_of(self, keys: list[bytes], prefix: str) -> Iterator[Holder]:
-        if self.cluster:
-            # Keys of different locks are in different slots: one script call
-            # per key, pipelined (one round trip per primary).
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.execute_command("EVAL", LIST.source, 1, key)
-            values = [v for reply in pipe.execute() for v in reply]
-        else:
-            values = self._execute(("eval", LIST, keys, []))
-        now = time.time()
-        utc = timezone.utc
-        for i in range(0, len(values), 8):
-            token, fence, raw_name, host, pid, thread, acquired, pttl = values[
-                i : i + 8
-            ]
-            if token is None:
-                continue
-            name = decode_name(raw_name or b"")
-            if not name.startswith(prefix):
-                continue
-            yield Holder(
-                backend=self.alias,
-                name=name,
-                token=token.decode(),
-                host=(host or b"").decode(errors="replace"),
-                pid=int(pid) if pid else None,
-                thread=(thread or b"").decode(errors="replace"),
-                acquired_at=datetime.fromtimestamp(int(acquired) / 1000, utc)
-                if acquired
-                else None,
-                expires_at=datetime.fromtimestamp(now + pttl / 1000, utc)
-                if pttl > 0
-                else None,
-                fencing_token=int(fence) if fence else None,
-            )
+    def _list_replies(self, pattern: str, wanted: bytes) -> Iterator[list]:
+        """Yield the list script's replies, one per SCAN step.
+
+        The next step is sent before a reply is handed on, so that the server
+        reads the next batch while this process decodes the current one.
+        """
+        import redis
+
+        args = [wanted, 0, pattern, LIST_SCAN_COUNT]
+        if self._routed:
+            while True:
+                reply = self._execute(("eval", LIST, [], args))
+                yield reply
+                if reply[0] == b"0":
+                    return
+                args[1] = reply[0]
+        conn = self._checkout()
+        try:
+            conn.connect()
+            try:
+                if conn.can_read():
+                    conn.disconnect()  # unread data: the stream is not ours
+            except (redis.exceptions.ConnectionError, OSError):
+                conn.disconnect()  # closed by the server since last use
+            conn.send_command("EVALSHA", LIST.sha, 0, *args)
+            while True:
+                try:
+                    reply = conn.read_response()
+                except redis.exceptions.NoScriptError:
+                    conn.send_command("EVAL", LIST.source, 0, *args)
+                    continue
+                more = reply[0] != b"0"
+                if more:
+                    args[1] = reply[0]
+                    conn.send_command("EVALSHA", LIST.sha, 0, *args)
+                yield reply
+                if not more:
+                    break
+        except BaseException:
+            # Also when the caller stopped early: a reply may be in flight.
+            conn.disconnect()
+            if self._shared_pool:
+                self._checkin(conn)  # the pool reconnects it when next used
+            raise
+        self._checkin(conn)
+
+    def _cluster_list_replies(self, pattern: str, wanted: bytes) -> Iterator[list]:
+        """Yield the list script's replies for every primary of a cluster."""
+        # Keys of different locks are in different slots: the keys are
+        # scanned first, then read with one script call per key, pipelined
+        # (one round trip per primary).
+        batch: list[bytes] = []
+        keys = self.client.scan_iter(match=pattern, count=1000, _type="HASH")
+        for key in keys:
+            batch.append(key)
+            if len(batch) >= 1000:
+                yield self._cluster_read(batch, wanted)
+                batch = []
+        if batch:
+            yield self._cluster_read(batch, wanted)
+
+    def _cluster_read(self, keys: list[bytes], wanted: bytes) -> list:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.execute_command("EVAL", LIST.source, 1, key, wanted)
+        values: list = [b"0"]
+        for reply in pipe.execute():
+            values += reply[1:]
+        return values
 
     def force_release(self, name: str, token: str) -> bool:
         keys = self.keys_for(name)

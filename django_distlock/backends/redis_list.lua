@@ -1,18 +1,37 @@
--- Read the leases in KEYS for listing, in one reply (no per-key round trip
--- or reply parsing on the client).
+-- Read leases for listing, in one reply (no per-key round trip or reply
+-- parsing on the client).
 --
--- KEYS: lease hashes found by SCAN (all on this server).
--- Returns a flat array, 8 values per key in KEYS order:
---   token, fence, name, host, pid, thread, acquired ms, pttl ms
--- where token is nil (false) when the key holds no lease any more.
-local out = {}
-local n = 0
-for _, key in ipairs(KEYS) do
+-- Two forms:
+--   KEYS given: read those lease hashes (Redis Cluster: one key per call).
+--   no KEYS:    take one SCAN step here, ARGV[2] cursor, ARGV[3] MATCH
+--               pattern, ARGV[4] COUNT (TYPE hash), and read what it found:
+--               one round trip per step, and the keys never travel to the
+--               client and back.
+-- ARGV[1]: a lock name prefix (bytes); leases of other names are left out.
+--
+-- Returns a flat array: the next SCAN cursor ('0' when the scan is complete,
+-- and always in the KEYS form), then 8 values per lease:
+--   token, fence, name, host, pid, thread, acquired ms, pttl ms.
+-- Keys that hold no lease (any more) are left out.
+local keys = KEYS
+local out = {'0'}
+if #keys == 0 then
+  local step = redis.call('scan', ARGV[2], 'match', ARGV[3], 'count', ARGV[4],
+                          'type', 'hash')
+  out[1] = step[1]
+  keys = step[2]
+end
+local prefix = ARGV[1]
+local plen = #prefix
+local n = 1
+for _, key in ipairs(keys) do
   local v = redis.call('hmget', key, 't', 'f', 'n', 'h', 'p', 'th', 'a')
-  for j = 1, 7 do
-    out[n + j] = v[j]
+  if v[1] and (plen == 0 or (v[3] and string.sub(v[3], 1, plen) == prefix)) then
+    for j = 1, 7 do
+      out[n + j] = v[j]
+    end
+    out[n + 8] = redis.call('pttl', key)
+    n = n + 8
   end
-  out[n + 8] = redis.call('pttl', key)
-  n = n + 8
 end
 return out
