@@ -378,3 +378,100 @@ def test_holders_ignore_a_longer_key_prefix_that_starts_with_ours(redis_url):
         with lock("mine"), lock("theirs", using="other"):
             assert [h.name for h in locks["default"].holders()] == ["mine"]
             assert [h.name for h in locks["other"].holders()] == ["theirs"]
+
+
+class TestListing:
+    """holders(): pipelined reads for a full listing, the script for a prefix."""
+
+    NAMES = ["a", "a*", "ab", "a\0b", "é", "\ud800", "x" * 1000, "b:{c}"]
+
+    def _listed(self, backend, prefix=""):
+        return sorted(
+            (h.name, h.token, h.fencing_token, h.host, h.pid, h.thread)
+            for h in backend.holders(prefix)
+        )
+
+    def test_both_paths_list_the_same_holders(self, redis_url):
+        with override_settings(LOCKS=redis_locks(redis_url)):
+            held = [lock(n, timeout=0) for n in self.NAMES]
+            for handle in held:
+                assert handle.acquire()
+            backend = locks["default"]
+            full = self._listed(backend)
+            assert [row[0] for row in full] == sorted(self.NAMES)
+            # The script path (a prefix) reads the same fields.
+            assert self._listed(backend, "a") == [r for r in full if r[0][0] == "a"]
+            assert self._listed(backend, "\ud800") == [
+                r for r in full if r[0] == "\ud800"
+            ]
+            (holder,) = backend.holders("é")
+            assert holder.acquired_at <= holder.expires_at
+            assert holder.acquired_at.tzinfo is not None
+            for handle in held:
+                handle.release()
+            assert list(backend.holders()) == []
+
+    def test_skips_keys_that_are_not_leases(self, redis_url):
+        with override_settings(LOCKS=redis_locks(redis_url)):
+            backend = locks["default"]
+            client = redis.Redis.from_url(redis_url)
+            digest_like = "distlock:{" + "A" * 43 + "}"
+            client.set(digest_like, "a string, not a lease")
+            client.hset("distlock:{" + "B" * 43 + "}", "x", "a hash with no token")
+            with lock("real"):
+                assert [h.name for h in backend.holders()] == ["real"]
+                assert [h.name for h in backend.holders("re")] == ["real"]
+
+    def test_many_batches_and_an_abandoned_listing(self, redis_url):
+        from django_distlock.backends.redis import LIST_SCAN_COUNT
+
+        from .surface import fill_redis
+
+        count = 3 * LIST_SCAN_COUNT + 7
+        fill_redis(redis_url, "many:", count)
+        with override_settings(LOCKS=redis_locks(redis_url)):
+            backend = locks["default"]
+            listing = backend.holders()
+            next(listing)
+            listing.close()  # replies of the next step were in flight
+            names = [h.name for h in backend.holders()]
+            assert sorted(names) == sorted(f"many:{i}" for i in range(count))
+            assert len(list(backend.holders("many:1"))) == len(
+                [n for n in names if n.startswith("many:1")]
+            )
+            with lock("after", timeout=0):
+                assert any(h.name == "after" for h in backend.holders("after"))
+
+    def test_without_hiredis(self, redis_url):
+        from redis._parsers import _RESP2Parser
+
+        setting = _settings(
+            redis_url, CONNECTION_POOL_KWARGS={"parser_class": _RESP2Parser}
+        )
+        with override_settings(LOCKS=setting):
+            with lock("plain parser"):
+                client = redis.Redis.from_url(redis_url)
+                client.set("distlock:{" + "A" * 43 + "}", "not a hash")
+                (holder,) = locks["default"].holders()
+                assert holder.name == "plain parser"
+
+    def test_through_a_django_redis_cache(self, redis_url):
+        caches_setting = {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "locks": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": redis_url,
+            },
+        }
+        locks_setting = {
+            "default": {
+                "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+                "OPTIONS": {"CACHE": "locks"},
+            }
+        }
+        with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
+            with lock("cached"):
+                listing = locks["default"].holders()
+                assert next(listing).name == "cached"
+                listing.close()
+                assert [h.name for h in locks["default"].holders()] == ["cached"]

@@ -146,6 +146,51 @@ def _adrop(conn) -> None:
         pass
 
 
+#: One lease's reads for a listing: HMGET of its fields, then PTTL (RESP,
+#: the key twice).
+_LIST_READ = (
+    b"*9\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n$1\r\nt\r\n$1\r\nf\r\n$1\r\nn\r\n"
+    b"$1\r\nh\r\n$1\r\np\r\n$2\r\nth\r\n$1\r\na\r\n*2\r\n$4\r\nPTTL\r\n$%d\r\n%s\r\n"
+)
+
+
+def _list_reads(keys: list[bytes]) -> bytes:
+    """Return the packed reads of ``keys`` (see ``_LIST_READ``)."""
+    read = _LIST_READ
+    return b"".join([read % (len(k), k, len(k), k) for k in keys])
+
+
+def _read_replies(conn, count: int) -> list:
+    """Read ``count`` replies from ``conn``, errors as values."""
+    parser = conn._parser
+    reader = getattr(parser, "_reader", None)
+    if reader is None:  # no hiredis: redis-py's parser, one reply at a time
+        import redis
+
+        replies = []
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response())
+            except redis.exceptions.ResponseError as e:
+                replies.append(e)
+        return replies
+    # hiredis: straight from its reader (it returns error replies as
+    # values), the socket read through redis-py (timeouts, a closed
+    # connection).
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+
+    gets = reader.gets
+    replies = []
+    append = replies.append
+    for _ in range(count):
+        reply = gets()
+        while reply is NOT_ENOUGH_DATA:
+            parser.read_from_socket()
+            reply = gets()
+        append(reply)
+    return replies
+
+
 class LockKeys:
     """The Redis keys of one lock name (all in one cluster hash slot)."""
 
@@ -1095,22 +1140,24 @@ class RedisLockBackend(StepsBackend):
         # Exactly "<prefix>:{<43-char digest>}": a longer KEY_PREFIX that
         # starts with ours (another alias's) can never match.
         pattern = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}"
-        # A str prefix of the name is a bytes prefix of its stored form.
-        wanted = encode_name(prefix)
         alias = self.alias
         make = Holder.from_ms
         try:
             if self.cluster:
-                replies = self._cluster_list_replies(pattern, wanted)
+                batches = self._cluster_list_batches(pattern, encode_name(prefix))
+            elif prefix or self._routed:
+                # A str prefix of the name is a bytes prefix of its stored
+                # form: the script filters on the server.
+                batches = self._script_list_batches(pattern, encode_name(prefix))
             else:
-                replies = self._list_replies(pattern, wanted)
-            for reply in replies:
+                batches = self._pipelined_list_batches(pattern)
+            for batch in batches:
                 now_ms = time.time_ns() // 1_000_000
-                values = iter(reply)
-                next(values)  # the scan cursor
-                for token, fence, name, host, pid, thread, acquired, pttl in zip(
-                    *[values] * 8
-                ):
+                replies = iter(batch)
+                for fields, pttl in zip(replies, replies):
+                    if type(fields) is not list or fields[0] is None:
+                        continue  # gone since the scan (or not a lease at all)
+                    token, fence, name, host, pid, thread, acquired = fields
                     yield make(
                         alias,
                         name.decode("utf-8", "surrogatepass") if name else "",
@@ -1119,29 +1166,39 @@ class RedisLockBackend(StepsBackend):
                         int(pid) if pid else None,
                         thread.decode(errors="replace") if thread else "",
                         int(acquired) if acquired else None,
-                        now_ms + pttl if pttl > 0 else None,
+                        now_ms + pttl if type(pttl) is int and pttl > 0 else None,
                         int(fence) if fence else None,
                     )
         except redis.exceptions.RedisError as e:
             raise self._error(e, "list locks") from e
 
-    def _list_replies(self, pattern: str, wanted: bytes) -> Iterator[list]:
-        """Yield the list script's replies, one per SCAN step.
+    # The listing executors yield batches of replies, an HMGET of the lease
+    # fields then the PTTL of each lease: [fields, pttl, fields, pttl, ...].
 
-        The next step is sent before a reply is handed on, so that the server
-        reads the next batch while this process decodes the current one.
+    def _pipelined_list_batches(self, pattern: str) -> Iterator[list]:
+        """Scan and read every lease with pipelined HMGET and PTTL.
+
+        Each step sends the reads of the keys just scanned together with the
+        next SCAN, before the previous batch is handed on: the server reads
+        while this process decodes. (The list script does the same work for
+        about twice the server time, spent converting replies to Lua and
+        back.)
         """
         import redis
 
-        args = [wanted, 0, pattern, LIST_SCAN_COUNT]
-        if self._routed:
-            while True:
-                reply = self._execute(("eval", LIST, [], args))
-                yield reply
-                if reply[0] == b"0":
-                    return
-                args[1] = reply[0]
         conn = self._checkout()
+
+        def scan(cursor: bytes | int) -> list[bytes]:
+            return conn.pack_command(
+                *("SCAN", cursor, "MATCH", pattern),
+                *("COUNT", LIST_SCAN_COUNT, "TYPE", "HASH"),
+            )
+
+        def send_reads(keys: list[bytes], cursor: bytes) -> None:
+            # The reads of the keys just scanned, then the next scan step.
+            then = scan(cursor) if cursor != b"0" else []
+            conn.send_packed_command([_list_reads(keys), *then])
+
         try:
             conn.connect()
             try:
@@ -1149,33 +1206,39 @@ class RedisLockBackend(StepsBackend):
                     conn.disconnect()  # unread data: the stream is not ours
             except (redis.exceptions.ConnectionError, OSError):
                 conn.disconnect()  # closed by the server since last use
-            conn.send_command("EVALSHA", LIST.sha, 0, *args)
+            conn.send_packed_command(scan(0))
+            cursor, keys = conn.read_response()
+            send_reads(keys, cursor)
             while True:
-                try:
-                    reply = conn.read_response()
-                except redis.exceptions.NoScriptError:
-                    conn.send_command("EVAL", LIST.source, 0, *args)
-                    continue
-                more = reply[0] != b"0"
-                if more:
-                    args[1] = reply[0]
-                    conn.send_command("EVALSHA", LIST.sha, 0, *args)
-                yield reply
-                if not more:
+                batch = _read_replies(conn, 2 * len(keys))
+                if cursor == b"0":
+                    yield batch
                     break
+                cursor, keys = conn.read_response()
+                send_reads(keys, cursor)  # the server reads them meanwhile
+                yield batch
         except BaseException:
-            # Also when the caller stopped early: a reply may be in flight.
+            # Also when the caller stopped early: replies may be in flight.
             conn.disconnect()
             if self._shared_pool:
                 self._checkin(conn)  # the pool reconnects it when next used
             raise
         self._checkin(conn)
 
-    def _cluster_list_replies(self, pattern: str, wanted: bytes) -> Iterator[list]:
-        """Yield the list script's replies for every primary of a cluster."""
-        # Keys of different locks are in different slots: the keys are
-        # scanned first, then read with one script call per key, pipelined
-        # (one round trip per primary).
+    def _script_list_batches(self, pattern: str, wanted: bytes) -> Iterator[list]:
+        """Scan and read the leases named ``wanted...`` with the list script."""
+        args = [wanted, 0, pattern, LIST_SCAN_COUNT]
+        while True:
+            reply = self._execute(("eval", LIST, [], args))
+            yield reply[1:]
+            if reply[0] == b"0":
+                return
+            args[1] = reply[0]
+
+    def _cluster_list_batches(self, pattern: str, wanted: bytes) -> Iterator[list]:
+        """Scan every primary of a cluster, then read with the list script."""
+        # Keys of different locks are in different slots: one script call
+        # per key, pipelined (one round trip per primary).
         batch: list[bytes] = []
         keys = self.client.scan_iter(match=pattern, count=1000, _type="HASH")
         for key in keys:
@@ -1190,7 +1253,7 @@ class RedisLockBackend(StepsBackend):
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.execute_command("EVAL", LIST.source, 1, key, wanted)
-        values: list = [b"0"]
+        values: list = []
         for reply in pipe.execute():
             values += reply[1:]
         return values

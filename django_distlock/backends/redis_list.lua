@@ -1,5 +1,6 @@
 -- Read leases for listing, in one reply (no per-key round trip or reply
--- parsing on the client).
+-- parsing on the client). A listing of every lock on one server does not
+-- use it: plain pipelined HMGET and PTTL cost the server about half as much.
 --
 -- Two forms:
 --   KEYS given: read those lease hashes (Redis Cluster: one key per call).
@@ -9,9 +10,10 @@
 --               client and back.
 -- ARGV[1]: a lock name prefix (bytes); leases of other names are left out.
 --
--- Returns a flat array: the next SCAN cursor ('0' when the scan is complete,
--- and always in the KEYS form), then 8 values per lease:
---   token, fence, name, host, pid, thread, acquired ms, pttl ms.
+-- Returns an array: the next SCAN cursor ('0' when the scan is complete, and
+-- always in the KEYS form), then two values per lease, as HMGET and PTTL
+-- would answer them:
+--   {token, fence, name, host, pid, thread, acquired ms}, pttl ms.
 -- Keys that hold no lease (any more) are left out.
 local keys = KEYS
 local out = {'0'}
@@ -27,11 +29,9 @@ local n = 1
 for _, key in ipairs(keys) do
   local v = redis.call('hmget', key, 't', 'f', 'n', 'h', 'p', 'th', 'a')
   if v[1] and (plen == 0 or (v[3] and string.sub(v[3], 1, plen) == prefix)) then
-    for j = 1, 7 do
-      out[n + j] = v[j]
-    end
-    out[n + 8] = redis.call('pttl', key)
-    n = n + 8
+    out[n + 1] = v
+    out[n + 2] = redis.call('pttl', key)
+    n = n + 2
   end
 end
 return out
