@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import time
+from datetime import datetime, timezone
 
 import pytest
 from django.core.management import call_command
@@ -13,6 +15,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from django_distlock import LockLost, lock
+from django_distlock.backends.base import Holder
 
 from .conftest import redis_locks
 from .procs import start_process
@@ -119,6 +122,127 @@ def test_using_selects_one_alias(redis_url):
             ]
             with pytest.raises(CommandError, match="Unknown LOCKS alias"):
                 run("list", "--using", "nope")
+
+
+def test_json_layout_one_object_per_line(backend_kind):
+    names = ["j:1", "j:\u00e9", 'j:"quoted"', "j:\n", "j:\ud800"]
+    handles = [lock(n, timeout=0) for n in names]
+    for h in handles:
+        assert h.acquire()
+    try:
+        out, _ = run("list", "--format", "json", "--prefix", "j:")
+        lines = out.split("\n")
+        assert lines[0] == "[" and lines[-2:] == ["]", ""]
+        rows = lines[1:-2]
+        assert len(rows) == len(names)
+        assert all(r.startswith("  {") for r in rows)
+        assert all(r.endswith("},") for r in rows[:-1]) and rows[-1].endswith("}")
+        # Exactly json.dumps of each row (ASCII, default separators).
+        for r in rows:
+            assert r.strip().rstrip(",") == json.dumps(json.loads(r.rstrip(",")))
+        assert sorted(r["name"] for r in json.loads(out)) == sorted(names)
+    finally:
+        for h in handles:
+            h.release()
+
+
+def test_table_layout(backend_kind):
+    names = ["t:b", "t:a", "t:" + "long" * 20, "t:tab\there"]
+    handles = [lock(n, timeout=0, ttl=30) for n in names]
+    for h in handles:
+        assert h.acquire()
+    try:
+        out, _ = run("list", "--prefix", "t:")
+    finally:
+        for h in handles:
+            h.release()
+    head, *rows, total = out.rstrip("\n").split("\n")
+    assert total == "4 lock(s) held."
+    assert head.split() == ["BACKEND", "NAME", "HOLDER", "ACQUIRED", "AT"] + [
+        "EXPIRES",
+        "AT",
+        "FENCE",
+    ]
+    starts = [head.index(c) for c in ("NAME", "HOLDER", "ACQUIRED", "EXPIRES")]
+    for row in rows:
+        assert row == row.rstrip()
+        assert all(row[i - 2 : i] == "  " and row[i] != " " for i in starts)
+    shown = [row[starts[0] : starts[1]].rstrip() for row in rows]
+    assert shown == sorted(shown)
+    assert "t:tab\\there" in shown
+    assert ("t:" + "long" * 20)[:59] + "\u2026" in shown
+    acquired = rows[0][starts[2] : starts[3]].rstrip()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", acquired)
+    expires = rows[0][starts[3] :]
+    assert re.match(r"\S+\+00:00 \(in (2\d|30)\.\ds\)  ", expires), expires
+
+
+def test_list_runs_the_locks_checks_only(redis_url):
+    from django.core.management.base import SystemCheckError
+
+    broken = {"default": {**redis_locks(redis_url)["default"], "TTL": 0}}
+    with override_settings(LOCKS=broken):
+        with pytest.raises(SystemCheckError, match="distlock.E005"):
+            call_command("locks", "list", skip_checks=False, stdout=io.StringIO())
+    with override_settings(LOCKS=redis_locks(redis_url), ROOT_URLCONF="nowhere"):
+        # An unrelated problem (the URL checks would fail) does not stop it.
+        out = io.StringIO()
+        call_command("locks", "list", skip_checks=False, stdout=out)
+        assert "No locks are held." in out.getvalue()
+
+
+class TestHolder:
+    """Holder: cheap to build from epoch milliseconds, the same to read."""
+
+    def make(self, acquired_ms=1_795_313_042_922, expires_ms=1_795_313_072_000):
+        return Holder.from_ms(
+            "default", "n\u00e9", "tok", "h", 42, "T", acquired_ms, expires_ms, 7
+        )
+
+    def test_from_ms_reads_like_datetimes(self):
+        utc = timezone.utc
+        h = self.make()
+        assert h.acquired_at == datetime.fromtimestamp(1_795_313_042.922, utc)
+        assert h.expires_at == datetime.fromtimestamp(1_795_313_072, utc)
+        assert h.expires_ts == 1_795_313_072.0
+        same = Holder(
+            "default",
+            "n\u00e9",
+            "tok",
+            host="h",
+            pid=42,
+            thread="T",
+            acquired_at=h.acquired_at,
+            expires_at=h.expires_at,
+            fencing_token=7,
+        )
+        assert same == h and hash(same) == hash(h)
+        assert same != self.make(expires_ms=None)
+        assert repr(same) == repr(h)
+        assert self.make(None, None).acquired_at is None
+
+    @pytest.mark.parametrize(
+        "acquired_ms",
+        [0, 999, 1000, 1_795_313_042_000, 1_795_313_042_001, 253_402_300_000_123],
+    )
+    def test_formats_exactly_as_datetime(self, acquired_ms):
+        h = self.make(acquired_ms, acquired_ms + 30_500)
+        for timespec in ("auto", "seconds", "milliseconds", "microseconds"):
+            assert h.isoformat(timespec) == (
+                h.acquired_at.isoformat(timespec=timespec),
+                h.expires_at.isoformat(timespec=timespec),
+            )
+        assert h.as_json() == json.dumps(h.as_dict())
+        assert self.make(None, None).as_json() == json.dumps(
+            self.make(None, None).as_dict()
+        )
+
+    def test_immutable(self):
+        h = self.make()
+        with pytest.raises(AttributeError):
+            h.name = "other"
+        with pytest.raises(AttributeError):
+            h.extra = 1
 
 
 # -- clear ----------------------------------------------------------------------

@@ -251,7 +251,10 @@ class Holder:
     @property
     def expires_ts(self) -> float | None:
         """``expires_at`` as a POSIX timestamp, or None."""
-        return _as_timestamp(self._expires)
+        expires = self._expires
+        if type(expires) is int:
+            return expires / 1000
+        return _as_timestamp(expires)
 
     @property
     def holder(self) -> str:
@@ -263,10 +266,18 @@ class Holder:
 
         None stands for an unknown time.
         """
-        return (
-            _isoformat(self._acquired, timespec),
-            _isoformat(self._expires, timespec),
-        )
+        acquired, expires = self._acquired, self._expires
+        if type(acquired) is int and type(expires) is int:
+            # A listing's common case, inline: no call per time.
+            a_second, a_ms = divmod(acquired, 1000)
+            e_second, e_ms = divmod(expires, 1000)
+            a_text = _ISO_SECONDS.get(a_second) or _iso_second(a_second)
+            e_text = _ISO_SECONDS.get(e_second) or _iso_second(e_second)
+            if timespec == "auto":
+                return a_text + _ISO_FRACTIONS[a_ms], e_text + _ISO_FRACTIONS[e_ms]
+            if timespec == "seconds":
+                return a_text + "+00:00", e_text + "+00:00"
+        return _isoformat(acquired, timespec), _isoformat(expires, timespec)
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the token is never included)."""
