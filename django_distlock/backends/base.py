@@ -299,14 +299,16 @@ class Holder:
         ):
             return json.dumps(self.as_dict())
         acquired, expires = self.isoformat()
+        # ISO 8601 times need no escaping (digits and "-:T.+"), only quotes.
+        acquired = "null" if acquired is None else '"' + acquired + '"'
+        expires = "null" if expires is None else '"' + expires + '"'
         return (
             f'{{"backend": {_encode(self._backend)}, "name": {_encode(self._name)}, '
             f'"holder": {{"host": {_encode(self._host)}, '
-            f'"pid": {"null" if pid is None else int.__repr__(pid)}, '
+            f'"pid": {"null" if pid is None else pid}, '
             f'"thread": {_encode(self._thread)}}}, '
-            f'"acquired_at": {"null" if acquired is None else _encode(acquired)}, '
-            f'"expires_at": {"null" if expires is None else _encode(expires)}, '
-            f'"fencing_token": {"null" if fence is None else int.__repr__(fence)}}}'
+            f'"acquired_at": {acquired}, "expires_at": {expires}, '
+            f'"fencing_token": {"null" if fence is None else fence}}}'
         )
 
     def _fields(self) -> tuple:
