@@ -123,6 +123,27 @@ def test_partial_acquisition_is_undone_everywhere(nodes):
         assert not server.client().exists(key)  # our 2 grants were undone
 
 
+def test_a_first_attempt_is_plain_commands_and_listing_reads_the_counter(nodes):
+    """Steady state: SET NX PX + INCR per node, no script; tokens still exact."""
+    backend = backend_for(nodes)
+    first = backend.acquire("plain", 5, 0)  # new counters: raised and committed
+    assert backend.release(first) is True
+    key, counter = backend.keys_for("plain")[:2]
+    before = [server.client().info("commandstats") for server in nodes]
+    lease = backend.acquire("plain", 5, 0)
+    for server, stats in zip(nodes, before):
+        after = server.client().info("commandstats")
+        assert after.get("cmdstat_evalsha") == stats.get("cmdstat_evalsha")
+        token, fence, _meta = server.client().get(key).split(b"\n", 2)
+        assert (token, fence) == (lease.token.encode(), b"")
+        assert int(server.client().get(counter)) == lease.fencing_token
+        assert 0 < server.client().pttl(counter)  # a counter always expires
+    assert lease.fencing_token > first.fencing_token
+    [holder] = backend.holders()
+    assert holder.fencing_token == lease.fencing_token
+    assert backend.release(lease) is True
+
+
 def test_holders_need_a_quorum_and_force_release(nodes):
     backend = backend_for(nodes)
     name = "listed \n*?[ ünïcode"
@@ -717,10 +738,19 @@ def test_a_leftover_of_our_own_earlier_attempt_is_renewed(nodes, monkeypatch):
     backend = backend_for(nodes)
     key = backend.keys_for("own")[0]
     monkeypatch.setattr(redlock, "new_token", lambda: "fixed-token")
-    # An earlier attempt of this very acquisition left a short lease behind.
+    # An earlier attempt of this very acquisition left a short lease behind
+    # (on node 0), and someone else holds nodes 1 and 2 for a moment: the
+    # first attempt (plain SET NX) gets 2 of 5, the retry (the script) finds
+    # its own lease on node 0 and counts it.
     nodes[0].client().set(
-        key, b"fixed-token\n7\n" + pack_meta("own", "h", 1, "t", 0), px=200
+        key, b"fixed-token\n7\n" + pack_meta("own", "h", 1, "t", 0), px=800
     )
-    lease = backend.acquire("own", 5, 0)
+    for server in nodes[1:3]:
+        server.client().set(
+            key, b"other\n1\n" + pack_meta("own", "h", 1, "t", 0), px=5000
+        )
+    lease = backend.acquire("own", 5, 2)
     assert lease is not None and lease.fencing_token > 7
     assert nodes[0].client().pttl(key) > 1000  # restarted with the new TTL
+    token, fence, _meta = nodes[0].client().get(key).split(b"\n", 2)
+    assert token == b"fixed-token" and int(fence) > 7  # and it carries a token

@@ -21,16 +21,18 @@ so a grant is one ``SET NX PX``), plus ``:c`` (fencing counter), ``:z``
 (registered waiters) and ``:w`` (wake list), all under one hash tag.
 
 Fencing tokens: see ``docs/backends/redlock.md``. In short, a node grants with
-``max(counter + 1, caller_seconds * 2**20)``; the token is the largest value
-among the granting nodes, and it is stored on a majority of nodes that hold
-the lease *before* the acquisition returns (a second round trip only when the
-nodes did not already agree), so every later acquisition, whose majority
-meets that one, gets a larger token.
+``counter + 1``; the token is the largest value among the granting nodes (the
+clock floor ``caller_seconds * 2**20`` if the counters are new), and it is
+stored on a majority of nodes that hold the lease *before* the acquisition
+returns (a second round trip only when the nodes did not already agree), so
+every later acquisition, whose majority meets that one, gets a larger token.
+A first attempt is plain ``SET NX PX`` + ``INCR`` per node, no script.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -62,8 +64,10 @@ RELEASE = load_script("redlock_release.lua")
 EXTEND = load_script("redlock_extend.lua")
 SCRIPTS = (ACQUIRE, COMMIT, RELEASE, EXTEND)
 
-#: Fencing tokens are at least ``unix_seconds << FENCE_SHIFT``.
+#: A counter below this was never raised to the clock floor (it is new);
+#: the floor is ``unix_seconds << FENCE_SHIFT``.
 FENCE_SHIFT = 20
+FENCE_FLOOR_MIN = 1 << FENCE_SHIFT
 #: How long a release reserves the lock for the registered waiters (ms).
 RESERVATION_MS = 50
 #: How long a wake signal nobody took stays in the wake list (ms).
@@ -166,8 +170,18 @@ def pack_meta(name: str, host: str, pid: int, thread: str, acquired: float) -> b
     A JSON header (no raw newline can occur in it), a newline, then the exact
     name: one field is cheaper for the node than five.
     """
-    header = json.dumps([host, pid, thread, int(acquired * 1000)])
-    return header.encode() + b"\n" + encode_name(name)
+    return (
+        _meta_head(host, pid, thread)
+        + b"%d]\n" % int(acquired * 1000)
+        + encode_name(name)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _meta_head(host: str, pid: int, thread: str) -> bytes:
+    # json.dumps([host, pid, thread, ms]) without its last item: the same
+    # holder describes itself on every acquisition.
+    return json.dumps([host, pid, thread]).encode()[:-1] + b", "
 
 
 def unpack_meta(raw: bytes) -> tuple[str, str, int | None, str, float | None]:
@@ -178,6 +192,12 @@ def unpack_meta(raw: bytes) -> tuple[str, str, int | None, str, float | None]:
     except (ValueError, TypeError):
         return decode_name(name), "", None, "", None
     return decode_name(name), host, pid, thread, acquired / 1000
+
+
+@functools.lru_cache(maxsize=4096)
+def _keys(prefix: str, name: str) -> tuple[str, str, str, str]:
+    lease = LockKeys(prefix, name).lease
+    return lease, lease + ":c", lease + ":z", lease + ":w"
 
 
 def _ms(seconds: float) -> int:
@@ -230,17 +250,16 @@ def _read_replies(conn, count: int, deadline: float, slack: float) -> list:
     system call bounded by the kernel timeout; only when less than ``slack``
     is left before ``deadline`` is the wait cut shorter with a poll().
     """
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA
-
     sock = conn._sock
     if sock is None or sock.gettimeout() is not None:
         return _read_replies_slowly(conn, count, deadline, slack)
     parser = conn._parser
     reader, buffer = parser._reader, parser._buffer
+    pending = _not_enough_data()
     replies = []
     while len(replies) < count:
         reply = reader.gets()
-        if reply is not NOT_ENOUGH_DATA:
+        if reply is not pending:
             replies.append(reply)
             continue
         left = deadline - time.monotonic()
@@ -251,6 +270,31 @@ def _read_replies(conn, count: int, deadline: float, slack: float) -> list:
             raise ConnectionResetError("connection closed by the node")
         reader.feed(buffer, 0, received)
     return replies
+
+
+@functools.cache
+def _not_enough_data() -> object:
+    # What redis-py's hiredis reader answers while a reply is incomplete.
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+
+    return NOT_ENOUGH_DATA
+
+
+@functools.cache
+def _hiredis_packer():
+    try:
+        from hiredis import pack_command
+    except ImportError:
+        return None
+    return pack_command
+
+
+def _pack(conn, commands: list[tuple]) -> bytes:
+    """Return ``commands`` in the wire format, packed by hiredis if it is there."""
+    pack_command = _hiredis_packer()
+    if pack_command is None:
+        return b"".join(conn.pack_commands(commands))
+    return b"".join([pack_command(command) for command in commands])
 
 
 def _readable(sock, seconds: float) -> bool:
@@ -273,9 +317,22 @@ def _read_replies_slowly(conn, count: int, deadline: float, slack: float) -> lis
     return replies
 
 
+#: This process's id, kept current across forks (os.getpid() is a system
+#: call, and the executor checks it on every step).
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class _Conns(threading.local):
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = _pid
         self.conns: dict[int, Any] = {}
 
 
@@ -288,9 +345,9 @@ class RedlockBackend(StepsBackend):
     ``DRIFT_FACTOR`` (default 0.01), ``RETRY_JITTER`` (longest random pause
     after a split vote, default 0.02 s), ``RESTART_DELAY`` (seconds a node
     seen to restart is not trusted with new leases, default: the TTL),
-    ``FENCE_RETENTION`` (seconds a lock's fencing counter is kept after its
-    last use, default 3600) and ``CONNECTION_POOL_KWARGS`` (passed to
-    redis-py's connections).
+    ``FENCE_RETENTION`` (seconds a lock's fencing counter is kept after it
+    was started from the clock floor, default 3600) and
+    ``CONNECTION_POOL_KWARGS`` (passed to redis-py's connections).
     """
 
     #: Tokens survive any minority of nodes losing their data; beyond that
@@ -435,8 +492,7 @@ class RedlockBackend(StepsBackend):
 
     def keys_for(self, name: str) -> tuple[str, str, str, str]:
         """Return (lease, counter, waiters, wake) keys of ``name`` on every node."""
-        lease = LockKeys(self.key_prefix, name).lease
-        return lease, lease + ":c", lease + ":z", lease + ":w"
+        return _keys(self.key_prefix, name)
 
     def _wake_order(self, lease_key: str) -> list[int]:
         # Every waiter of a lock blocks on the same node (one wake-up per
@@ -470,20 +526,26 @@ class RedlockBackend(StepsBackend):
             factories.append((pool.connection_class, dict(pool.connection_kwargs)))
         return factories
 
-    def _conn(self, i: int):
+    def _thread_conns(self) -> dict[int, Any]:
+        """Return this thread's connections, by node (none after a fork)."""
         local = self._local
-        if local.pid != os.getpid():  # forked: the parent's sockets are not ours
-            local.pid, local.conns = os.getpid(), {}
-        conn = local.conns.get(i)
-        if conn is None:
-            if self._factories is None:
-                import redis
+        if local.pid != _pid:  # forked: the parent's sockets are not ours
+            local.pid, local.conns = _pid, {}
+        return local.conns
 
-                self._factories = self._factory_list(redis.ConnectionPool)
-            cls, kwargs = self._factories[i]
-            conn = local.conns[i] = cls(**kwargs)
-            self._all_conns.add(conn)
+    def _new_conn(self, i: int, conns: dict[int, Any]):
+        if self._factories is None:
+            import redis
+
+            self._factories = self._factory_list(redis.ConnectionPool)
+        cls, kwargs = self._factories[i]
+        conn = conns[i] = cls(**kwargs)
+        self._all_conns.add(conn)
         return conn
+
+    def _conn(self, i: int):
+        conns = self._thread_conns()
+        return conns.get(i) or self._new_conn(i, conns)
 
     def _drop(self, i: int, conn, timed_out: bool, error: object = None) -> None:
         # A connection that failed mid-step may still owe replies: never reuse it.
@@ -525,25 +587,26 @@ class RedlockBackend(StepsBackend):
         import redis
 
         results, targets = self._targets(step)
-        sent: dict[int, tuple[int, Any, int]] = {}  # fd -> (node, conn, prelude)
+        conns = self._thread_conns()
+        sent: list[tuple[int, Any, int]] = []  # (node, conn, prelude)
         packed = None
         for i in targets:
-            conn = self._conn(i)
+            conn = conns.get(i) or self._new_conn(i, conns)
             try:
                 prelude = 0
                 if conn._sock is None:
                     conn.connect()
                     prelude = self._prelude_len
                 if packed is None:
-                    packed = b"".join(conn.pack_commands(step.commands))
+                    packed = _pack(conn, step.commands)
                 sock = conn._sock
                 if sock.gettimeout() is not None and _lean(conn):
                     _kernel_timeouts(sock, self.node_timeout)
                 if prelude:
-                    sock.sendall(b"".join(conn.pack_commands(_prelude())) + packed)
+                    sock.sendall(_pack(conn, _prelude()) + packed)
                 else:
                     sock.sendall(packed)
-                sent[sock.fileno()] = (i, conn, prelude)
+                sent.append((i, conn, prelude))
             except (redis.exceptions.RedisError, OSError) as e:
                 results[i] = _Failed(e)
                 self._drop(i, conn, _timed_out(e), e)
@@ -552,9 +615,31 @@ class RedlockBackend(StepsBackend):
         # one is in the others usually are too, and a stopped node costs at
         # most one NODE_TIMEOUT in total, however many nodes are stopped.
         deadline = time.monotonic() + self.node_timeout
-        for i, conn, prelude in sent.values():
-            results[i] = self._read(i, conn, prelude, step, deadline)
+        count = len(step.commands)
+        slack = self.node_timeout / 2
+        for i, conn, prelude in sent:
+            try:
+                replies = _read_replies(conn, prelude + count, deadline, slack)
+            except (redis.exceptions.RedisError, OSError) as e:
+                self._drop(i, conn, _timed_out(e), e)
+                results[i] = _Failed(e)
+                continue
+            if prelude:
+                self.nodes[i].seen(replies[0], self.restart_delay)
+                replies = replies[prelude:]
+            results[i] = self._checked(i, conn, step, replies)
         return results
+
+    def _checked(self, i: int, conn, step: Fanout, replies: list):
+        """Return a node's replies to ``step``, or _Failed if they do not count."""
+        import redis
+
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.ResponseError):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    conn.disconnect()  # reconnecting reloads the scripts
+                return _Failed(reply)
+        return self._unless_quarantined(self.nodes[i], step, replies)
 
     @staticmethod
     def _unless_quarantined(node: _Node, step: Fanout, replies: list):
@@ -563,27 +648,6 @@ class RedlockBackend(StepsBackend):
         if step.skip_quarantined and node.quarantine_until > time.monotonic():
             return _Failed("restarted recently (RESTART_DELAY)")
         return replies
-
-    def _read(self, i: int, conn, prelude: int, step: Fanout, deadline: float):
-        import redis
-
-        node = self.nodes[i]
-        try:
-            replies = _read_replies(
-                conn, prelude + len(step.commands), deadline, self.node_timeout / 2
-            )
-        except (redis.exceptions.RedisError, OSError) as e:
-            self._drop(i, conn, _timed_out(e), e)
-            return _Failed(e)
-        if prelude:
-            node.seen(replies[0], self.restart_delay)
-            replies = replies[prelude:]
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.ResponseError):
-                if isinstance(reply, redis.exceptions.NoScriptError):
-                    conn.disconnect()  # reconnecting reloads the scripts
-                return _Failed(reply)
-        return self._unless_quarantined(node, step, replies)
 
     def _block(self, step: Block):
         import redis
@@ -808,44 +872,71 @@ class RedlockBackend(StepsBackend):
         quorum = self.quorum
         registered = False
         no_quorum_since = None
+        first = True
         while True:
             sent = time.monotonic()
             live_ms = 0
-            if blocking:
-                live_ms = _ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
-            results = yield Fanout(
-                [
-                    (
-                        "EVALSHA",
-                        ACQUIRE.sha,
-                        3,
-                        lease_key,
-                        counter_key,
-                        waiters_key,
-                        token,
-                        ttl_ms,
-                        meta,
-                        live_ms,
-                        int(time.time()) << FENCE_SHIFT,
-                        self.fence_retention_ms,
+            if first:
+                # The first attempt is two plain commands per node, no script:
+                # most acquisitions find the lock free, and a script costs a
+                # node several times what SET and INCR do. The lease carries
+                # no fencing token (the counter holds it; a commit below
+                # writes it in when the nodes disagree).
+                results = yield Fanout(
+                    [
+                        ("SET", lease_key, token.encode() + b"\n\n" + meta)
+                        + ("NX", "PX", ttl_ms),
+                        ("INCR", counter_key),
+                    ],
+                    skip_quarantined=True,
+                )
+            else:
+                if blocking:
+                    live_ms = (
+                        _ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
                     )
-                ],
-                skip_quarantined=True,
-            )
+                results = yield Fanout(
+                    [
+                        (
+                            "EVALSHA",
+                            ACQUIRE.sha,
+                            3,
+                            lease_key,
+                            counter_key,
+                            waiters_key,
+                            token,
+                            ttl_ms,
+                            meta,
+                            live_ms,
+                            int(time.time()) << FENCE_SHIFT,
+                            self.fence_retention_ms,
+                        )
+                    ],
+                    skip_quarantined=True,
+                )
             granted: list[tuple[int, int]] = []
             busy: list[tuple[int, int]] = []
             failed = 0
             for i, r in enumerate(results):
                 if isinstance(r, _Failed):
                     failed += 1
+                elif first:
+                    (granted if r[0] is not None else busy).append((i, r[1]))
                 elif r[0][0] == 1:
                     granted.append((i, int(r[0][1])))
                 else:
                     busy.append((i, int(r[0][1])))
+            fast, first = first, False
             registered = registered or (bool(busy) and live_ms > 0)
             if len(granted) >= quorum:
                 fence = max(f for _i, f in granted)
-                ok = sum(1 for _i, f in granted if f == fence) >= quorum
+                if fence < FENCE_FLOOR_MIN:
+                    # New counters (first use, a node that lost its data, a
+                    # lock unused for FENCE_RETENTION): the clock floor.
+                    fence = max(fence, int(time.time()) << FENCE_SHIFT)
+                ok = sum(1 for _i, f in granted if f == fence) >= quorum and (
+                    not fast or all(f >= FENCE_FLOOR_MIN for _i, f in granted)
+                )
                 if not ok:
                     # The granting nodes disagree: make the token visible on
                     # a majority that holds the lease before anyone sees it.
@@ -902,6 +993,10 @@ class RedlockBackend(StepsBackend):
             no_quorum_since = None
             if not blocking or now >= deadline:
                 break
+            if fast and busy:
+                # Held: ask again at once with the script, which registers
+                # this caller as a waiter and tells how long the lease lasts.
+                continue
             if not busy:
                 # Granted by a quorum but too slowly (validity) or the
                 # commit failed: try again after a random moment.
@@ -1073,16 +1168,22 @@ class RedlockBackend(StepsBackend):
                     for key in batch:
                         pipe.get(key)
                         pipe.pttl(key)
+                        pipe.get(key + b":c")
                     replies = pipe.execute()
                     now = time.time()
                     for k, key in enumerate(batch):
-                        value, pttl = replies[2 * k], replies[2 * k + 1]
+                        value, pttl, counter = replies[3 * k : 3 * k + 3]
                         parts = (value or b"").split(b"\n", 2)
                         if len(parts) < 3 or pttl is None:
                             continue  # gone, or a reservation
                         expires = now + pttl / 1000 if pttl > 0 else None
+                        # A lease granted by a first attempt carries no
+                        # fencing token: it is the lock's counter, unless
+                        # someone tried to take the lock since (each try
+                        # counts), so the listing may show a larger one.
+                        fence = int(parts[1] or counter or 0)
                         seen.setdefault((key, parts[0]), []).append(
-                            (i, int(parts[1]), parts[2], expires)
+                            (i, fence, parts[2], expires)
                         )
             except redis.exceptions.RedisError:
                 failed += 1

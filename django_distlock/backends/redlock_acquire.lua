@@ -5,19 +5,20 @@
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] holder description
 -- ARGV[4] 0 to try once, else ms the caller's waiter entry lives
 -- ARGV[5] clock floor: the caller's clock in seconds * 2^20
--- ARGV[6] ms the fencing counter is kept after it was last rebased
+-- ARGV[6] ms a new fencing counter is kept
 --
--- Returns {1, fence}: granted; fence = max(counter + 1, ARGV[5]), now stored
---                     in the counter and in the lease.
+-- Returns {1, fence}: granted; fence = counter + 1 (or ARGV[5] for a new
+--                     counter), now stored in the counter and in the lease.
 --         {0, pttl}:  busy (held, or reserved for the registered waiters);
 --                     pttl is the lease's remaining ms. Registered if ARGV[4] > 0.
 -- The counter moves on busy attempts too: tokens may skip values, never repeat.
 -- Numbers stay exact below 2^53 (seconds * 2^20 reaches it in the year 2242).
 local fence = redis.call('incr', KEYS[2])
-local floor = tonumber(ARGV[5])
-if fence < floor then
-  redis.call('set', KEYS[2], ARGV[5], 'px', ARGV[6])
-  fence = floor
+if fence < 1048576 then
+  -- Below 2^20 the counter is new (first use, lost data, retention over):
+  -- it starts from the clock floor and is kept ARGV[6] ms from now.
+  fence = math.max(fence, tonumber(ARGV[5]))
+  redis.call('set', KEYS[2], string.format('%d', fence), 'px', ARGV[6])
 end
 local value = ARGV[1] .. '\n' .. string.format('%d', fence) .. '\n' .. ARGV[3]
 if redis.call('set', KEYS[1], value, 'nx', 'px', ARGV[2]) then
@@ -31,8 +32,9 @@ local mine = ARGV[1] .. '\n'
 if string.sub(current, 1, #mine) == mine then
   -- Already ours (an earlier attempt whose undo did not reach this node):
   -- the lease restarts now, as the caller's validity assumes.
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, tonumber(string.match(current, '^[^\n]*\n(%d+)\n'))}
+  -- (A first attempt's lease carries no fencing token: it gets this one.)
+  redis.call('set', KEYS[1], value, 'px', ARGV[2])
+  return {1, fence}
 end
 if current == '' and redis.call('zscore', KEYS[3], ARGV[1]) then
   -- A release reserved the lock for the waiters it found; we are one.
