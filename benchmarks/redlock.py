@@ -15,7 +15,7 @@ from .core import alternate, cycles
 
 SINGLE = "single-node floor (1 Redis)"
 FANOUT = "raw pipelined fan-out, 5 nodes"
-OWN_SCRIPTS = "raw fan-out of django_distlock's own scripts (diagnostic)"
+OWN_SCRIPTS = "raw fan-out of django_distlock's own commands (diagnostic)"
 DISTLOCK = "django_distlock Redlock backend, 5 nodes"
 POTTERY = "pottery Redlock, 5 masters"
 
@@ -59,9 +59,10 @@ def fanout_cycle(urls: list[str], key: str):
 def own_scripts_cycle(urls: list[str], backend):
     """Return a raw fan-out replaying the backend's own commands, or None.
 
-    A diagnostic that splits the backend's cost into what its commands (Lua
-    scripts) cost the servers, five of them sharing the machine's cores with
-    the client, and what its Python side adds. One real acquire + release is
+    A diagnostic that splits the backend's cost into what its commands (plain
+    SET NX PX + INCR, then a Lua release script) cost the servers, five of
+    them sharing the machine's cores with the client, and what its Python
+    side adds. One real acquire + release is
     recorded (the steps its algorithm yields), then replayed with a fresh
     token per cycle through the same bare sockets as the fan-out floor. It
     leans on the backend's internals; if they change shape, the row is left

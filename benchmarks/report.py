@@ -324,8 +324,11 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             "for `EVALSHA` compare-and-delete). The diagnostic row replays the "
             "commands django_distlock's backend sends (recorded from one real "
             "cycle) through the same bare sockets: the gap between it and the "
-            "floor is what those scripts cost the servers, the gap between it "
-            "and the backend is the backend's Python side.",
+            "floor is what those commands cost the servers (a fencing counter, "
+            "a release that also looks for waiters), the gap between it and the "
+            "backend is the backend's Python side (negative: the backend's "
+            "executor is leaner than redis-py's `send_command`/`read_response` "
+            "that the raw rows use).",
         )
         lines += image("redlock", "Redlock on five nodes")
     if "database" in results:
