@@ -326,7 +326,7 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             "cycle) through the same bare sockets: the gap between it and the "
             "floor is what those commands cost the servers (a fencing counter, "
             "a release that also looks for waiters), the gap between it and the "
-            "backend is the backend's Python side (negative: the backend's "
+            "backend is the backend's Python side (it can be negative: the backend's "
             "executor is leaner than redis-py's `send_command`/`read_response` "
             "that the raw rows use).",
         )
