@@ -144,6 +144,23 @@ def test_a_first_attempt_is_plain_commands_and_listing_reads_the_counter(nodes):
     assert backend.release(lease) is True
 
 
+def test_a_busy_first_attempt_leaves_no_counter_without_expiry(nodes):
+    """INCR creates a missing counter with no expiry: a failed try fixes that."""
+    backend = backend_for(nodes)
+    held = backend.acquire("busy", 5, 0)
+    counter = backend.keys_for("busy")[1]
+    for server in nodes:  # past FENCE_RETENTION (or lost) while held
+        server.client().delete(counter)
+    assert backend.acquire("busy", 5, 0) is None
+    for server in nodes:
+        assert 0 < server.client().pttl(counter)
+        assert int(server.client().get(counter)) >= 1 << 20
+    assert backend.release(held) is True
+    later = backend.acquire("busy", 5, 0)
+    assert later.fencing_token > held.fencing_token
+    assert backend.release(later) is True
+
+
 def test_holders_need_a_quorum_and_force_release(nodes):
     backend = backend_for(nodes)
     name = "listed \n*?[ ünïcode"

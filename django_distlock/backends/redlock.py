@@ -992,6 +992,8 @@ class RedlockBackend(StepsBackend):
                 continue
             no_quorum_since = None
             if not blocking or now >= deadline:
+                if fast:
+                    yield from self._start_new_counters(keys, granted + busy)
                 break
             if fast and busy:
                 # Held: ask again at once with the script, which registers
@@ -1031,6 +1033,35 @@ class RedlockBackend(StepsBackend):
         if registered:
             yield Fanout([("ZREM", waiters_key, token)])
         return None
+
+    def _start_new_counters(
+        self, keys: tuple[str, str, str, str], answers: list[tuple[int, int]]
+    ) -> Generator[Any, Any, None]:
+        """Give counters that a failed first attempt created an expiry.
+
+        ``INCR`` creates a missing counter without one; a grant (its commit)
+        or a script attempt would raise it to the clock floor with an expiry,
+        but an attempt that gives up here does neither. Rare: a counter is
+        new only on a lock's first use, after data loss or past
+        ``FENCE_RETENTION``.
+        """
+        new = [i for i, f in answers if f < FENCE_FLOOR_MIN]
+        if new:
+            yield Fanout(
+                [
+                    (
+                        "EVALSHA",
+                        COMMIT.sha,
+                        2,
+                        keys[0],
+                        keys[1],
+                        "",
+                        int(time.time()) << FENCE_SHIFT,
+                        self.fence_retention_ms,
+                    )
+                ],
+                nodes=new,
+            )
 
     def _count(self, results: list, index: int = 0) -> tuple[int, int]:
         """Return (nodes that answered 1 at ``index``, nodes that failed)."""
