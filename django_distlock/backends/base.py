@@ -12,6 +12,7 @@ Time arguments are seconds (floats). ``timeout`` follows :mod:`threading`:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -37,6 +38,24 @@ DEFAULT_KEY_PREFIX = "distlock"
 _HOST = socket.gethostname()
 
 
+#: This process's id, kept current across forks: os.getpid() is a system
+#: call, and every acquisition needs the pid.
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def current_pid() -> int:
+    """Return this process's id (cached; updated in a forked child)."""
+    return _pid
+
+
 def new_token() -> str:
     """Return a fresh unguessable lease token (128 bits of randomness)."""
     return secrets.token_urlsafe(16)
@@ -44,12 +63,12 @@ def new_token() -> str:
 
 def current_task_name() -> str | None:
     """Return the name of the running asyncio task, or None outside one."""
-    try:
-        import asyncio
-
-        task = asyncio.current_task()
-    except RuntimeError:
+    # _get_running_loop() answers None outside a loop where current_task()
+    # would raise: no exception on the synchronous path.
+    loop = asyncio._get_running_loop()
+    if loop is None:
         return None
+    task = asyncio.current_task(loop)
     return task.get_name() if task is not None else None
 
 
@@ -59,7 +78,7 @@ def holder_identity() -> tuple[str, int, str]:
     task = current_task_name()
     if task is not None:
         thread = f"{thread}/{task}"
-    return _HOST, os.getpid(), thread
+    return _HOST, _pid, thread
 
 
 @dataclass(eq=False)
@@ -79,7 +98,7 @@ class Lease:
     ttl: float
     deadline: float
     acquired_at: float = field(default_factory=time.time)
-    pid: int = field(default_factory=os.getpid)
+    pid: int = field(default_factory=current_pid)
     state: Any = None
     lost: bool = False
     lost_reported: bool = False
@@ -90,7 +109,7 @@ class Lease:
 
     def check_owner_process(self) -> None:
         """Raise LockNotHeld if called from a process other than the acquirer."""
-        if self.pid != os.getpid():
+        if self.pid != _pid:
             raise LockNotHeld(
                 f"Lock {self.name!r} was acquired in process {self.pid}; "
                 f"a forked child cannot release or extend it.",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import sys
 import time
 import weakref
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import LockBackendError
 from ..keys import encode_name, glob_escape, name_digest
-from .base import Holder, Lease, holder_identity, new_token
+from .base import Holder, Lease, current_pid, holder_identity, new_token
 from .scripts import LuaScript, load_script
 from .steps import StepsBackend
 
@@ -239,7 +238,7 @@ class RedisLockBackend(StepsBackend):
         self._idle: list = []
         self._keys: dict[str, LockKeys] = {}
         self._shared_pool = bool(self.options.get("CACHE"))
-        self._pid = os.getpid()
+        self._pid = current_pid()
         self.cluster = bool(self.options.get("CLUSTER")) or (
             isinstance(self.location, str) and self.location.startswith(CLUSTER_SCHEMES)
         )
@@ -566,20 +565,20 @@ class RedisLockBackend(StepsBackend):
         self._aloops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._aloop_last: weakref.ref | None = None
         self._aconns_last = _LoopConnections()
-        self._aloops_pid = os.getpid()
+        self._aloops_pid = current_pid()
         # (connection class, its kwargs, command timeout), from aclient().
         self._aspec: tuple | None = None
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
-        if self._pid == os.getpid():
+        if self._pid == current_pid():
             for conn in idle:
                 conn.disconnect()
         client = self.__dict__.pop("client", None)
         if client is not None and not self.options.get("CACHE"):
             client.close()
         self._aclients = weakref.WeakKeyDictionary()
-        if self._aloops_pid == os.getpid():
+        if self._aloops_pid == current_pid():
             for conns in list(self._aloops.values()):
                 for conn in conns.idle:
                     _adrop(conn)
@@ -601,10 +600,10 @@ class RedisLockBackend(StepsBackend):
         """
         if self._shared_pool:
             return self.client.connection_pool.get_connection()
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             # Forked: the parent's sockets are not ours to use or close.
             self._idle = []
-            self._pid = os.getpid()
+            self._pid = current_pid()
         try:
             conn = self._idle.pop()  # atomic under the GIL: no lock needed
         except IndexError:
@@ -650,7 +649,7 @@ class RedisLockBackend(StepsBackend):
     def _checkin(self, conn) -> None:
         if self._shared_pool:
             self.client.connection_pool.release(conn)
-        elif len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
+        elif len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == current_pid():
             self._idle.append(conn)
         else:
             conn.disconnect()
@@ -681,7 +680,7 @@ class RedisLockBackend(StepsBackend):
         ref = self._aloop_last
         if ref is not None and ref() is loop:
             return loop, self._aconns_last
-        if self._aloops_pid != os.getpid():
+        if self._aloops_pid != current_pid():
             # Forked: the parent's sockets are not ours to use or close.
             self._reset_async_pool()
         conns = self._aloops.get(loop)

@@ -35,7 +35,6 @@ import asyncio
 import functools
 import json
 import math
-import os
 import random
 import select
 import socket
@@ -51,7 +50,7 @@ from typing import Any
 
 from ..exceptions import LockBackendError
 from ..keys import decode_name, encode_name, glob_escape
-from .base import Holder, Lease, holder_identity, new_token
+from .base import Holder, Lease, current_pid, holder_identity, new_token
 from .redis import LockKeys
 from .scripts import load_script
 from .steps import StepsBackend
@@ -68,10 +67,6 @@ SCRIPTS = (ACQUIRE, COMMIT, RELEASE, EXTEND)
 #: the floor is ``unix_seconds << FENCE_SHIFT``.
 FENCE_SHIFT = 20
 FENCE_FLOOR_MIN = 1 << FENCE_SHIFT
-#: How long a release reserves the lock for the registered waiters (ms).
-RESERVATION_MS = 50
-#: How long a wake signal nobody took stays in the wake list (ms).
-WAKE_TTL_MS = 2000
 #: How long after its expected next attempt a waiter's registration lives (ms).
 WAITER_GRACE_MS = 1000
 #: Longest single blocking wait on a wake list (seconds).
@@ -317,22 +312,9 @@ def _read_replies_slowly(conn, count: int, deadline: float, slack: float) -> lis
     return replies
 
 
-#: This process's id, kept current across forks (os.getpid() is a system
-#: call, and the executor checks it on every step).
-_pid = os.getpid()
-
-
-def _after_fork() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
 class _Conns(threading.local):
     def __init__(self) -> None:
-        self.pid = _pid
+        self.pid = current_pid()
         self.conns: dict[int, Any] = {}
 
 
@@ -529,8 +511,9 @@ class RedlockBackend(StepsBackend):
     def _thread_conns(self) -> dict[int, Any]:
         """Return this thread's connections, by node (none after a fork)."""
         local = self._local
-        if local.pid != _pid:  # forked: the parent's sockets are not ours
-            local.pid, local.conns = _pid, {}
+        pid = current_pid()
+        if local.pid != pid:  # forked: the parent's sockets are not ours
+            local.pid, local.conns = pid, {}
         return local.conns
 
     def _new_conn(self, i: int, conns: dict[int, Any]):
@@ -853,8 +836,6 @@ class RedlockBackend(StepsBackend):
             waiters,
             wake,
             token,
-            RESERVATION_MS,
-            WAKE_TTL_MS,
         )
 
     def _acquire_steps(
@@ -929,14 +910,15 @@ class RedlockBackend(StepsBackend):
             fast, first = first, False
             registered = registered or (bool(busy) and live_ms > 0)
             if len(granted) >= quorum:
-                fence = max(f for _i, f in granted)
+                fences = [f for _i, f in granted]
+                fence = max(fences)
                 if fence < FENCE_FLOOR_MIN:
                     # New counters (first use, a node that lost its data, a
                     # lock unused for FENCE_RETENTION): the clock floor.
                     fence = max(fence, int(time.time()) << FENCE_SHIFT)
-                ok = sum(1 for _i, f in granted if f == fence) >= quorum and (
-                    not fast or all(f >= FENCE_FLOOR_MIN for _i, f in granted)
-                )
+                # Stored on a quorum already, and no granting counter is new
+                # (a new one has no expiry yet: the commit gives it one).
+                ok = fences.count(fence) >= quorum and min(fences) >= FENCE_FLOOR_MIN
                 if not ok:
                     # The granting nodes disagree: make the token visible on
                     # a majority that holds the lease before anyone sees it.
