@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import LockBackendError
 from ..keys import encode_name, glob_escape, name_digest
+from . import wire
 from .base import Holder, Lease, current_pid, holder_identity, new_token
 from .scripts import LuaScript, load_script
 from .steps import StepsBackend
@@ -616,15 +617,62 @@ class RedisLockBackend(StepsBackend):
 
         The hot path: acquire and release are one command each, so this
         skips redis-py's per-command machinery (retry wrapper, metrics,
-        pool bookkeeping), keeping what matters: a stale connection (server
-        restarted, unread data) is reconnected before use, and a connection
-        that failed mid-command is dropped, never reused. Server errors
+        pool bookkeeping) and, on a plain socket with hiredis, its socket
+        calls too (see :mod:`.wire`: one send and one receive per command),
+        keeping what matters: a stale connection (server restarted, unread
+        data) is reconnected before use, and a connection that failed
+        mid-command is dropped, never reused. Server errors
         (``ResponseError``, e.g. NOSCRIPT) leave the connection usable.
         """
         import redis
 
         if self._routed:
             return self.client.execute_command(*args)
+        if self._shared_pool:
+            return self._call_pooled(*args)
+        conn = self._checkout()
+        try:
+            sock = conn._sock
+            if sock is not None and wire.readable(sock, 0):
+                # Unread data (the stream is not ours) or closed by the
+                # server since last use: start afresh.
+                conn.disconnect()
+                sock = None
+            if sock is None:
+                conn.connect()  # a refusal is raised once
+                sock = conn._sock
+            if sock.gettimeout() is not None and not wire.kernel_timeouts(
+                conn, self.socket_timeout
+            ):
+                conn.send_command(*args, check_health=False)
+                [reply] = [conn._parser.read_response()]
+            else:
+                sock.sendall(wire.pack(conn, [args]))
+                [reply] = wire.read_replies(conn, 1)
+        except OSError as e:
+            conn.disconnect()
+            error = (
+                redis.exceptions.TimeoutError
+                if wire.timed_out(e)
+                else redis.exceptions.ConnectionError
+            )
+            raise error(f"Error talking to Redis: {e!r}") from e
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._checkin(conn)
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+        return reply
+
+    def _call_pooled(self, *args: Any) -> Any:
+        """:meth:`_call` on a connection of a django-redis cache's pool.
+
+        The pool's connections are redis-py's to manage (timeouts included),
+        so this goes through redis-py's socket calls.
+        """
+        import redis
+
         conn = self._checkout()
         try:
             conn.connect()  # no-op when connected; a refusal is raised once
@@ -640,8 +688,7 @@ class RedisLockBackend(StepsBackend):
             raise
         except BaseException:
             conn.disconnect()
-            if self._shared_pool:
-                self._checkin(conn)  # the pool reconnects it when next used
+            self._checkin(conn)  # the pool reconnects it when next used
             raise
         self._checkin(conn)
         return reply

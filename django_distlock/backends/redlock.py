@@ -36,10 +36,6 @@ import functools
 import json
 import math
 import random
-import select
-import socket
-import ssl
-import struct
 import threading
 import time
 import weakref
@@ -50,6 +46,7 @@ from typing import Any
 
 from ..exceptions import LockBackendError
 from ..keys import decode_name, encode_name, glob_escape
+from . import wire
 from .base import Holder, Lease, current_pid, holder_identity, new_token
 from .redis import LockKeys
 from .scripts import load_script
@@ -204,112 +201,6 @@ def _prelude() -> list[tuple]:
     # write: the node's identity (restart detection) and our scripts (a
     # restarted node has an empty script cache).
     return [("INFO", "server")] + [("SCRIPT", "LOAD", s.source) for s in SCRIPTS]
-
-
-def _kernel_timeouts(sock, seconds: float) -> None:
-    """Make ``sock`` blocking, bounded by kernel timeouts of ``seconds``.
-
-    A Python socket timeout costs a poll() before every send and receive;
-    SO_RCVTIMEO/SO_SNDTIMEO bound the same calls with no extra system call.
-    redis-py puts its own timeout back when it uses the socket (BLPOP), so
-    the executor calls this again whenever it finds one.
-    """
-    sec = int(seconds)
-    tv = struct.pack("ll", sec, int((seconds - sec) * 1_000_000))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-    sock.settimeout(None)
-
-
-def _lean(conn) -> bool:
-    """Whether the executor reads ``conn`` itself (hiredis, plain socket)."""
-    return getattr(conn._parser, "_reader", None) is not None and not isinstance(
-        conn._sock, ssl.SSLSocket
-    )
-
-
-def _timed_out(error: BaseException) -> bool:
-    import redis
-
-    # A kernel timeout (SO_RCVTIMEO/SO_SNDTIMEO) surfaces as EAGAIN.
-    return isinstance(error, (redis.exceptions.TimeoutError, TimeoutError)) or (
-        isinstance(error, BlockingIOError)
-    )
-
-
-def _read_replies(conn, count: int, deadline: float, slack: float) -> list:
-    """Read ``count`` replies from ``conn``'s socket through its hiredis reader.
-
-    Error replies come back as values (the reader is built that way), so the
-    connection stays in step whatever a node answers. Each receive is one
-    system call bounded by the kernel timeout; only when less than ``slack``
-    is left before ``deadline`` is the wait cut shorter with a poll().
-    """
-    sock = conn._sock
-    if sock is None or sock.gettimeout() is not None:
-        return _read_replies_slowly(conn, count, deadline, slack)
-    parser = conn._parser
-    reader, buffer = parser._reader, parser._buffer
-    pending = _not_enough_data()
-    replies = []
-    while len(replies) < count:
-        reply = reader.gets()
-        if reply is not pending:
-            replies.append(reply)
-            continue
-        left = deadline - time.monotonic()
-        if left < slack and not _readable(sock, left):
-            raise TimeoutError("timed out")
-        received = sock.recv_into(buffer)
-        if received == 0:
-            raise ConnectionResetError("connection closed by the node")
-        reader.feed(buffer, 0, received)
-    return replies
-
-
-@functools.cache
-def _not_enough_data() -> object:
-    # What redis-py's hiredis reader answers while a reply is incomplete.
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA
-
-    return NOT_ENOUGH_DATA
-
-
-@functools.cache
-def _hiredis_packer():
-    try:
-        from hiredis import pack_command
-    except ImportError:
-        return None
-    return pack_command
-
-
-def _pack(conn, commands: list[tuple]) -> bytes:
-    """Return ``commands`` in the wire format, packed by hiredis if it is there."""
-    pack_command = _hiredis_packer()
-    if pack_command is None:
-        return b"".join(conn.pack_commands(commands))
-    return b"".join([pack_command(command) for command in commands])
-
-
-def _readable(sock, seconds: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(max(0, math.ceil(seconds * 1000))))
-
-
-def _read_replies_slowly(conn, count: int, deadline: float, slack: float) -> list:
-    # Without hiredis, or over TLS: redis-py's parser and its socket timeout.
-    # (sock.gettimeout() is None only after _kernel_timeouts: see _lean.)
-    parser = conn._parser
-    replies = []
-    for _ in range(count):
-        left = deadline - time.monotonic()
-        if left > slack:
-            replies.append(parser.read_response())
-        else:
-            replies.append(parser.read_response(timeout=max(left, 0.0001)))
-    return replies
 
 
 class _Conns(threading.local):
@@ -581,18 +472,18 @@ class RedlockBackend(StepsBackend):
                     conn.connect()
                     prelude = self._prelude_len
                 if packed is None:
-                    packed = _pack(conn, step.commands)
+                    packed = wire.pack(conn, step.commands)
                 sock = conn._sock
-                if sock.gettimeout() is not None and _lean(conn):
-                    _kernel_timeouts(sock, self.node_timeout)
+                if sock.gettimeout() is not None:
+                    wire.kernel_timeouts(conn, self.node_timeout)
                 if prelude:
-                    sock.sendall(_pack(conn, _prelude()) + packed)
+                    sock.sendall(wire.pack(conn, _prelude()) + packed)
                 else:
                     sock.sendall(packed)
                 sent.append((i, conn, prelude))
             except (redis.exceptions.RedisError, OSError) as e:
                 results[i] = _Failed(e)
-                self._drop(i, conn, _timed_out(e), e)
+                self._drop(i, conn, wire.timed_out(e), e)
         # Read in sending order, each read bounded by what is left of the one
         # deadline: the replies travel in parallel, so by the time the first
         # one is in the others usually are too, and a stopped node costs at
@@ -602,9 +493,9 @@ class RedlockBackend(StepsBackend):
         slack = self.node_timeout / 2
         for i, conn, prelude in sent:
             try:
-                replies = _read_replies(conn, prelude + count, deadline, slack)
+                replies = wire.read_replies(conn, prelude + count, deadline, slack)
             except (redis.exceptions.RedisError, OSError) as e:
-                self._drop(i, conn, _timed_out(e), e)
+                self._drop(i, conn, wire.timed_out(e), e)
                 results[i] = _Failed(e)
                 continue
             if prelude:
@@ -649,7 +540,7 @@ class RedlockBackend(StepsBackend):
                 return False
             return conn.read_response()
         except (redis.exceptions.RedisError, OSError) as e:
-            self._drop(i, conn, _timed_out(e))
+            self._drop(i, conn, wire.timed_out(e))
             return False
 
     def _run(self, steps: Generator) -> Any:

@@ -1,0 +1,136 @@
+"""Commands over a redis-py connection's socket, with as few system calls as can be.
+
+redis-py connects (TLS, AUTH, SELECT, the protocol handshake) and parses
+(hiredis); the hot paths of the Redis and Redlock backends then write and
+read the socket themselves. A Python socket timeout costs a ``poll()``
+before every send and every receive, so a connected socket is switched to
+blocking mode bounded by *kernel* timeouts (``SO_RCVTIMEO``/``SO_SNDTIMEO``):
+a command costs one ``send`` and, usually, one ``recv``. Where that does not
+apply (no hiredis, TLS), redis-py's own reads are used.
+
+redis-py puts its Python timeout back whenever it reads the socket itself
+(a health check, a blocking command with its own timeout); callers check
+``sock.gettimeout()`` and call :func:`kernel_timeouts` again.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import select
+import socket
+import ssl
+import struct
+import time
+
+__all__ = ["kernel_timeouts", "pack", "readable", "read_replies", "timed_out"]
+
+
+def kernel_timeouts(conn, seconds: float | None) -> bool:
+    """Bound ``conn``'s socket by kernel timeouts of ``seconds`` (None: none).
+
+    Return False, changing nothing, if the connection is not one this module
+    reads itself (no hiredis reader, or a TLS socket).
+    """
+    sock = conn._sock
+    if getattr(conn._parser, "_reader", None) is None or isinstance(
+        sock, ssl.SSLSocket
+    ):
+        return False
+    seconds = seconds or 0.0  # 0: no timeout
+    whole = int(seconds)
+    tv = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.settimeout(None)
+    return True
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a timeout (a kernel timeout surfaces as EAGAIN)."""
+    import redis
+
+    return isinstance(
+        error, (redis.exceptions.TimeoutError, TimeoutError, BlockingIOError)
+    )
+
+
+def read_replies(
+    conn, count: int, deadline: float = math.inf, slack: float = 0.0
+) -> list:
+    """Read ``count`` replies from ``conn``'s socket through its hiredis reader.
+
+    Error replies come back as values (the reader is built that way), so the
+    connection stays in step whatever the server answers. Each receive is
+    one system call bounded by the kernel timeout; only when less than
+    ``slack`` is left before ``deadline`` is the wait cut shorter with a
+    ``poll()``. Raise OSError (TimeoutError on a deadline) if the socket
+    fails or closes.
+    """
+    sock = conn._sock
+    if sock is None or sock.gettimeout() is not None:
+        return _read_replies_slowly(conn, count, deadline, slack)
+    parser = conn._parser
+    reader, buffer = parser._reader, parser._buffer
+    pending = _not_enough_data()
+    replies = []
+    while len(replies) < count:
+        reply = reader.gets()
+        if reply is not pending:
+            replies.append(reply)
+            continue
+        left = deadline - time.monotonic()
+        if left < slack and not readable(sock, left):
+            raise TimeoutError("timed out")
+        received = sock.recv_into(buffer)
+        if received == 0:
+            raise ConnectionResetError("connection closed by the server")
+        reader.feed(buffer, 0, received)
+    return replies
+
+
+def pack(conn, commands: list[tuple]) -> bytes:
+    """Return ``commands`` in the wire format, packed by hiredis if it is there."""
+    pack_command = _hiredis_packer()
+    if pack_command is None:
+        return b"".join(conn.pack_commands(commands))
+    return b"".join([pack_command(command) for command in commands])
+
+
+def readable(sock, seconds: float) -> bool:
+    """Whether ``sock`` has input (data, or the peer's close) within ``seconds``."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(seconds * 1000))))
+
+
+@functools.cache
+def _not_enough_data() -> object:
+    # What redis-py's hiredis reader answers while a reply is incomplete.
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+
+    return NOT_ENOUGH_DATA
+
+
+@functools.cache
+def _hiredis_packer():
+    try:
+        from hiredis import pack_command
+    except ImportError:
+        return None
+    return pack_command
+
+
+def _read_replies_slowly(conn, count: int, deadline: float, slack: float) -> list:
+    # Without hiredis, or over TLS: redis-py's parser and its socket timeout.
+    # (gettimeout() is None only after kernel_timeouts(), which refuses
+    # those connections.)
+    parser = conn._parser
+    replies = []
+    for _ in range(count):
+        left = deadline - time.monotonic()
+        if left > slack:
+            replies.append(parser.read_response())
+        else:
+            replies.append(parser.read_response(timeout=max(left, 0.0001)))
+    return replies
