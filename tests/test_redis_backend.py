@@ -132,6 +132,32 @@ class TestUnreachable:
                 assert second.fencing_token > first_token
             assert locks["default"] is backend
 
+    def test_async_works_again_after_restart_and_a_stray_reply(self, own_server):
+        """An idle async connection that closed, or holds a reply nobody asked
+        for, is replaced before use: no error surfaces."""
+
+        async def cycle():
+            async with lock("x", timeout=1) as held:
+                return held.fencing_token
+
+        async def scenario():
+            first = await cycle()
+            own_server.restart()
+            second = await cycle()
+            assert second > first
+            # A stray reply on the idle connection (as after a command whose
+            # reader went away): the stream is not in step any more.
+            backend = locks["default"]
+            _loop, conns = backend._aloop()
+            [conn] = conns.idle
+            conn._writer.transport.write(b"*1\r\n$4\r\nPING\r\n")
+            await asyncio.sleep(0.2)
+            assert conn._distlock_replies.stale()
+            assert await cycle() > second
+
+        with override_settings(LOCKS=_settings(own_server.url)):
+            asyncio.run(scenario())
+
     def test_lease_lost_when_server_restarts_empty(self, own_server):
         with override_settings(LOCKS=_settings(own_server.url)):
             with pytest.raises(LockLost):

@@ -775,15 +775,25 @@ class RedisLockBackend(StepsBackend):
         packer = Connection()  # never connected: only its encoder is used
         return lambda args: b"".join(packer.pack_command(*args))
 
-    async def _aready(self, conn) -> None:
-        """Connect ``conn``, or reconnect it if it went stale while idle."""
-        if not conn.is_connected:
-            await conn.connect()  # a refusal is raised once: no retries
-        elif await conn.can_read():
+    async def _aready(self, conn) -> wire.Replies | None:
+        """Connect ``conn``, or reconnect it if it went stale while idle.
+
+        Return the :class:`~.wire.Replies` that reads its replies, or None
+        (no hiredis) when redis-py's parser does.
+        """
+        replies = conn.__dict__.get("_distlock_replies")
+        if conn.is_connected:
+            if replies is not None:
+                if not replies.stale():
+                    return replies
+            elif not await conn.can_read():
+                return None
             # Closed by the server since last use, or unread data: the
             # stream is not ours any more.
             await conn.disconnect(nowait=True)
-            await conn.connect()
+        await conn.connect()  # a refusal is raised once: no retries
+        replies = conn._distlock_replies = wire.Replies.take_over(conn)
+        return replies
 
     def _atimeout_for(self, conn) -> float | None:
         timeout = self._aspec[2]
@@ -826,22 +836,20 @@ class RedisLockBackend(StepsBackend):
         conn = conns.idle.pop() if conns.idle else self._anew_connection()
         entry = conns.watch(loop, conn, self._atimeout_for(conn))
         try:
-            if not conn.is_connected:
-                await conn.connect()  # a refusal is raised once: no retries
-            elif await conn.can_read():
-                # Closed by the server since last use, or unread data: the
-                # stream is not ours any more.
-                await conn.disconnect(nowait=True)
-                await conn.connect()
+            replies = await self._aready(conn)
             # The layer under send_packed_command()/read_response(): the
-            # connection's stream writer and its (hiredis) parser. Those two
+            # transport, and the replies straight from hiredis. Those two
             # wrappers only add checks done above, per-call timeouts (ours is
             # the deadline) and error wrapping (done by our caller).
-            writer = conn._writer
-            writer.write(self._apack(args))
-            if writer.transport.get_write_buffer_size():
-                await writer.drain()  # only when the socket did not take it all
-            reply = await conn._parser.read_response()
+            if replies is not None:
+                conn._writer.transport.write(self._apack(args))
+                [reply] = await replies.read(1)
+            else:
+                writer = conn._writer
+                writer.write(self._apack(args))
+                if writer.transport.get_write_buffer_size():
+                    await writer.drain()  # only when the socket did not take all
+                reply = await conn._parser.read_response()
         except BaseException as exc:
             del conns.busy[conn]
             error = self._afailed(conn, entry, exc)
@@ -869,16 +877,19 @@ class RedisLockBackend(StepsBackend):
         entry = conns.watch(loop, conn, self._atimeout_for(conn))
         replies: list = []
         try:
-            await self._aready(conn)
+            reader = await self._aready(conn)
             pack = self._apack
-            await conn.send_packed_command(
-                [pack(command) for command in commands], check_health=False
-            )
-            for _ in commands:
-                try:
-                    replies.append(await conn.read_response())
-                except redis.exceptions.ResponseError as e:
-                    replies.append(e)
+            packed = [pack(command) for command in commands]
+            if reader is not None:
+                conn._writer.transport.write(b"".join(packed))
+                replies = await reader.read(len(commands))
+            else:
+                await conn.send_packed_command(packed, check_health=False)
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response())
+                    except redis.exceptions.ResponseError as e:
+                        replies.append(e)
         except BaseException as exc:
             del conns.busy[conn]
             error = self._afailed(conn, entry, exc)

@@ -15,6 +15,7 @@ redis-py puts its Python timeout back whenever it reads the socket itself
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import select
@@ -23,7 +24,14 @@ import ssl
 import struct
 import time
 
-__all__ = ["kernel_timeouts", "pack", "readable", "read_replies", "timed_out"]
+__all__ = [
+    "Replies",
+    "kernel_timeouts",
+    "pack",
+    "readable",
+    "read_replies",
+    "timed_out",
+]
 
 
 def kernel_timeouts(conn, seconds: float | None) -> bool:
@@ -134,3 +142,91 @@ def _read_replies_slowly(conn, count: int, deadline: float, slack: float) -> lis
         else:
             replies.append(parser.read_response(timeout=max(left, 0.0001)))
     return replies
+
+
+class Replies(asyncio.Protocol):
+    """The replies of one ``redis.asyncio`` connection, read without streams.
+
+    redis.asyncio reads through a ``StreamReader`` (a buffer, a waiter
+    future, three coroutine levels per read). After connecting, the
+    backend puts this protocol on the connection's transport instead: bytes
+    go straight into the connection's hiredis reader, and a reader waits on
+    one future. Writes still go through the transport; they are small, and
+    reading the reply proves they went out, so there is no ``drain()``.
+    """
+
+    def __init__(self, reader, loop: asyncio.AbstractEventLoop, sock=None):
+        self.reader = reader
+        self.loop = loop
+        self.sock = sock
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+
+    @classmethod
+    def take_over(cls, conn) -> Replies | None:
+        """Put a Replies on ``conn``'s new transport; None without hiredis."""
+        reader = getattr(conn._parser, "_reader", None)
+        if reader is None:
+            return None
+        transport = conn._writer.transport
+        replies = cls(
+            reader, asyncio.get_running_loop(), transport.get_extra_info("socket")
+        )
+        stream = conn._reader
+        if stream._buffer:  # bytes the stream already holds come first
+            reader.feed(bytes(stream._buffer))
+            stream._buffer.clear()
+        transport.set_protocol(replies)
+        return replies
+
+    def stale(self) -> bool:
+        """Whether the connection closed, or holds bytes nobody asked for.
+
+        Also asks the socket itself (one poll): the loop may not have run
+        since the server closed it, or since a stray reply arrived.
+        """
+        return (
+            self.error is not None
+            or bool(self.reader.has_data())
+            or (self.sock is not None and readable(self.sock, 0))
+        )
+
+    async def read(self, count: int) -> list:
+        """Return the next ``count`` replies (error replies as values)."""
+        pending = _not_enough_data()
+        reader = self.reader
+        replies = []
+        while len(replies) < count:
+            reply = reader.gets()
+            if reply is not pending:
+                replies.append(reply)
+                continue
+            if self.error is not None:
+                raise self.error
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return replies
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._fail(ConnectionResetError("connection closed by the server"))
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("connection closed"))
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
