@@ -228,25 +228,28 @@ class TestScripts:
         assert RELEASE.source == path.read_text()
 
 
+def _through_cache(redis_url: str) -> tuple[dict, dict]:
+    """CACHES with a django-redis cache "locks", and LOCKS that use it."""
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "locks": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url},
+    }
+    locks_setting = {
+        "default": {
+            "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
+            "OPTIONS": {"CACHE": "locks"},
+        }
+    }
+    return caches_setting, locks_setting
+
+
 class TestCacheOption:
     """OPTIONS["CACHE"] reuses a django-redis cache's connection pool."""
 
     def test_lock_through_django_redis_cache(self, redis_url):
         from django_redis import get_redis_connection
 
-        caches_setting = {
-            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-            "locks": {
-                "BACKEND": "django_redis.cache.RedisCache",
-                "LOCATION": redis_url,
-            },
-        }
-        locks_setting = {
-            "default": {
-                "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
-                "OPTIONS": {"CACHE": "locks"},
-            }
-        }
+        caches_setting, locks_setting = _through_cache(redis_url)
         with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
             pool = get_redis_connection("locks").connection_pool
             assert locks["default"].client.connection_pool is pool
@@ -487,19 +490,7 @@ class TestListing:
                 pass
 
     def test_through_a_django_redis_cache(self, redis_url):
-        caches_setting = {
-            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-            "locks": {
-                "BACKEND": "django_redis.cache.RedisCache",
-                "LOCATION": redis_url,
-            },
-        }
-        locks_setting = {
-            "default": {
-                "BACKEND": "django_distlock.backends.redis.RedisLockBackend",
-                "OPTIONS": {"CACHE": "locks"},
-            }
-        }
+        caches_setting, locks_setting = _through_cache(redis_url)
         with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
             with lock("cached"):
                 listing = locks["default"].holders()

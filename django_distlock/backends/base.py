@@ -232,16 +232,10 @@ class Holder:
         fencing_token: int | None,
     ) -> Holder:
         """Return a holder whose times are given in epoch milliseconds (UTC)."""
-        self = cls.__new__(cls)
-        self._backend = backend
-        self._name = name
-        self._token = token
-        self._host = host
-        self._pid = pid
-        self._thread = thread
+        self = cls(backend, name, token, host, pid, thread, None, None, fencing_token)
+        # Kept as numbers; the datetimes are built only if they are read.
         self._acquired = acquired_ms
         self._expires = expires_ms
-        self._fencing_token = fencing_token
         return self
 
     backend = property(attrgetter("_backend"), doc="The LOCKS alias.")

@@ -80,13 +80,8 @@ def read_replies(
         return _read_replies_slowly(conn, count, deadline, slack)
     parser = conn._parser
     reader, buffer = parser._reader, parser._buffer
-    pending = _not_enough_data()
-    replies = []
-    while len(replies) < count:
-        reply = reader.gets()
-        if reply is not pending:
-            replies.append(reply)
-            continue
+    replies: list = []
+    while not _collect(reader, replies, count):
         left = deadline - time.monotonic()
         if left < slack and not readable(sock, left):
             raise TimeoutError("timed out")
@@ -110,6 +105,18 @@ def readable(sock, seconds: float) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(max(0, math.ceil(seconds * 1000))))
+
+
+def _collect(reader, replies: list, count: int) -> bool:
+    """Move the complete replies ``reader`` holds into ``replies``, up to
+    ``count`` in all; return whether there are ``count`` now."""
+    pending = _not_enough_data()
+    while len(replies) < count:
+        reply = reader.gets()
+        if reply is pending:
+            return False
+        replies.append(reply)
+    return True
 
 
 @functools.cache
@@ -193,14 +200,8 @@ class Replies(asyncio.Protocol):
 
     async def read(self, count: int) -> list:
         """Return the next ``count`` replies (error replies as values)."""
-        pending = _not_enough_data()
-        reader = self.reader
-        replies = []
-        while len(replies) < count:
-            reply = reader.gets()
-            if reply is not pending:
-                replies.append(reply)
-                continue
+        replies: list = []
+        while not _collect(self.reader, replies, count):
             if self.error is not None:
                 raise self.error
             self.waiter = self.loop.create_future()
