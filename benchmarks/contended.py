@@ -138,11 +138,15 @@ class Outcome:
     wait_p99_ms: float
     wait_max_ms: float
     per_worker: list[int]
+    #: The slowest worker's cycles over the fastest's, over the whole window.
     slowest_vs_fastest: float
     lost_updates: int
     overlaps: int
     waits_ms: list[float]
     round_cycles_per_s: list[float] = field(default_factory=list)
+    #: The same ratio in the round where it was lowest (1.5 s rounds: one
+    #: worker descheduled for a moment on a shared machine shows here).
+    worst_round_share: float = float("nan")
 
 
 def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
@@ -183,14 +187,20 @@ def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
         wait_p99_ms=pct(waits, 99),
         wait_max_ms=max(waits, default=float("nan")),
         per_worker=per_worker,
-        slowest_vs_fastest=min(per_worker) / max(per_worker)
-        if per_worker and max(per_worker)
-        else float("nan"),
+        slowest_vs_fastest=_share(per_worker),
         lost_updates=total - counter_value,
         overlaps=overlaps,
         waits_ms=waits,
         round_cycles_per_s=[len(in_window) / window_s],
+        worst_round_share=_share(per_worker),
     )
+
+
+def _share(per_worker: list[int]) -> float:
+    """The slowest worker's cycles over the fastest's."""
+    if not per_worker or not max(per_worker):
+        return float("nan")
+    return min(per_worker) / max(per_worker)
 
 
 def merge(outcomes: list[Outcome]) -> Outcome:
@@ -216,7 +226,8 @@ def merge(outcomes: list[Outcome]) -> Outcome:
         wait_p99_ms=pct(waits, 99),
         wait_max_ms=max(waits),
         per_worker=per_worker,
-        slowest_vs_fastest=min(o.slowest_vs_fastest for o in outcomes),
+        slowest_vs_fastest=_share(per_worker),
+        worst_round_share=min(o.worst_round_share for o in outcomes),
         lost_updates=sum(o.lost_updates for o in outcomes),
         overlaps=sum(o.overlaps for o in outcomes),
         waits_ms=waits,

@@ -101,9 +101,12 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
                 d.changed_share >= 0.80,
             ),
             (
-                "4 processes: slowest worker ≥ 90% of the fastest",
+                "4 processes: slowest worker ≥ 90% of the fastest (cycles "
+                "over the whole run)",
                 f"{d.slowest_vs_fastest:.1%}",
-                f"python-redis-lock {p.slowest_vs_fastest:.1%}",
+                f"worst round {d.worst_round_share:.1%}; python-redis-lock "
+                f"{p.slowest_vs_fastest:.1%} (worst round "
+                f"{p.worst_round_share:.1%})",
                 d.slowest_vs_fastest >= 0.90,
             ),
             (
@@ -295,7 +298,7 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             "returning from acquire. Wait: from calling acquire to returning.",
             "",
             "| contender | cycles/s | holder changed | gap p50 / p99 ms "
-            "| wait p50 / p99 / max ms | slowest / fastest worker "
+            "| wait p50 / p99 / max ms | slowest / fastest worker (worst round) "
             "| lost / overlaps | peers' anchor |",
             "|---|---:|---:|---:|---:|---:|---:|---|",
         ]
@@ -304,7 +307,8 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
                 f"| {name} | {o.cycles_per_s:.0f} | {o.changed_share:.1%} | "
                 f"{o.gap_p50_ms:.2f} / {o.gap_p99_ms:.2f} | "
                 f"{o.wait_p50_ms:.2f} / {o.wait_p99_ms:.2f} / {o.wait_max_ms:.1f} | "
-                f"{o.slowest_vs_fastest:.1%} | {o.lost_updates} / {o.overlaps} | "
+                f"{o.slowest_vs_fastest:.1%} ({o.worst_round_share:.1%}) | "
+                f"{o.lost_updates} / {o.overlaps} | "
                 f"{ANCHOR_CONTENDED.get(name, '')} |"
             )
         any_o = next(iter(results["contended"]["outcomes"].values()))
