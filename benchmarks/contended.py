@@ -147,6 +147,9 @@ class Outcome:
     #: The same ratio in the round where it was lowest (1.5 s rounds: one
     #: worker descheduled for a moment on a shared machine shows here).
     worst_round_share: float = float("nan")
+    gaps_ms: list[float] = field(default_factory=list)
+    #: The gap p99 of the round where it was highest.
+    worst_round_gap_p99_ms: float = float("nan")
 
 
 def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
@@ -193,6 +196,8 @@ def analyse(name, logs, start_at, stop_at, counter_value) -> Outcome:
         waits_ms=waits,
         round_cycles_per_s=[len(in_window) / window_s],
         worst_round_share=_share(per_worker),
+        gaps_ms=gaps,
+        worst_round_gap_p99_ms=pct(gaps, 99),
     )
 
 
@@ -212,6 +217,7 @@ def merge(outcomes: list[Outcome]) -> Outcome:
     handoffs = sum(o.handoffs for o in outcomes)
     per_worker = [sum(c) for c in zip(*(o.per_worker for o in outcomes))]
     waits = [w for o in outcomes for w in o.waits_ms]
+    gaps = [g for o in outcomes for g in o.gaps_ms]
     return Outcome(
         name=outcomes[0].name,
         window_s=window,
@@ -219,15 +225,17 @@ def merge(outcomes: list[Outcome]) -> Outcome:
         cycles_per_s=cycles / window,
         handoffs=handoffs,
         changed_share=sum(o.changed_share * o.handoffs for o in outcomes) / handoffs,
-        # Gap percentiles are not additive: report the worst round's.
-        gap_p50_ms=max(o.gap_p50_ms for o in outcomes),
-        gap_p99_ms=max(o.gap_p99_ms for o in outcomes),
+        # Percentiles of all the rounds' gaps together, like the waits.
+        gap_p50_ms=pct(gaps, 50),
+        gap_p99_ms=pct(gaps, 99),
         wait_p50_ms=pct(waits, 50),
         wait_p99_ms=pct(waits, 99),
         wait_max_ms=max(waits),
         per_worker=per_worker,
         slowest_vs_fastest=_share(per_worker),
         worst_round_share=min(o.worst_round_share for o in outcomes),
+        gaps_ms=gaps,
+        worst_round_gap_p99_ms=max(o.worst_round_gap_p99_ms for o in outcomes),
         lost_updates=sum(o.lost_updates for o in outcomes),
         overlaps=sum(o.overlaps for o in outcomes),
         waits_ms=waits,

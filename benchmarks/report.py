@@ -112,7 +112,8 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
             (
                 "4 processes: handoff gap p99 ≤ 1 ms",
                 f"{d.gap_p99_ms:.2f} ms",
-                f"python-redis-lock {p.gap_p99_ms:.2f} ms",
+                f"worst round {d.worst_round_gap_p99_ms:.2f} ms; python-redis-lock "
+                f"{p.gap_p99_ms:.2f} ms (worst round {p.worst_round_gap_p99_ms:.2f})",
                 d.gap_p99_ms <= 1.0,
             ),
             (
