@@ -161,6 +161,43 @@ def test_a_busy_first_attempt_leaves_no_counter_without_expiry(nodes):
     assert backend.release(later) is True
 
 
+def test_a_step_stops_reading_once_a_quorum_decided_it(nodes):
+    """The last nodes' replies are read (and dropped) with the next step."""
+    backend = backend_for(nodes)
+    backend.release(backend.acquire("early", 5, 0))  # counters set up
+    lease = backend.acquire("early", 5, 0)
+    conns = backend._thread_conns()
+    owed = [conns[i].__dict__.get("_distlock_owed", 0) for i in range(len(nodes))]
+    # Unread on nodes 3 and 4: the release before (1 reply), then this
+    # acquisition's SET NX PX + INCR (2).
+    assert owed == [0, 0, 0, 3, 3]
+    for server in nodes:  # they were sent everywhere all the same
+        assert server.client().get(backend.keys_for("early")[0])
+    assert backend.is_held(lease) is True  # reads every node: owed first
+    assert [conns[i]._distlock_owed for i in range(len(nodes))] == [0] * 5
+    assert backend.release(lease) is True
+    # A waiter blocks (BLPOP) on a connection that may owe replies: they are
+    # drained first, so the wake-up is not mistaken for an old reply.
+    for _ in range(20):
+        held = backend.acquire("early", 5, 0)
+        assert backend.release(held) is True
+    other = backend_for(nodes)
+    held = other.acquire("early", 5, 0)
+    waited = []
+    thread = threading.Thread(
+        target=lambda: waited.append(backend.acquire("early", 5, 3))
+    )
+    thread.start()
+    time.sleep(0.2)
+    assert other.release(held) is True
+    thread.join(5)
+    [got] = waited
+    assert got is not None and got.fencing_token > held.fencing_token
+    assert backend.release(got) is True
+    for server in nodes:
+        assert not server.client().exists(backend.keys_for("early")[0])
+
+
 def test_holders_need_a_quorum_and_force_release(nodes):
     backend = backend_for(nodes)
     name = "listed \n*?[ ünïcode"

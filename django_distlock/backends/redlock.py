@@ -10,7 +10,9 @@ is packed once, written to one socket per node, and only then are the replies
 read, with a deadline shared by all nodes (``NODE_TIMEOUT``). A node that does
 not answer by then counts as failed, its connection is discarded (it may still
 owe a reply) and the node is skipped for a short while, so a stopped node
-costs one ``NODE_TIMEOUT`` and not one per call. The algorithm is written once
+costs one ``NODE_TIMEOUT`` and not one per call. The synchronous executor
+stops reading once a quorum decided the step (``Fanout.decided``) and reads
+the rest with the connection's next use. The algorithm is written once
 as generators that yield steps (like the single-instance backend) and driven
 by a synchronous executor (redis-py connections, one per node and thread) or
 an asyncio one (``redis.asyncio`` connections, one per node and task).
@@ -39,7 +41,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -91,18 +93,27 @@ class _Failed:
 
 @dataclass
 class Fanout:
-    """A step: send ``commands`` to every node (or ``nodes``), read all replies.
+    """A step: send ``commands`` to every node (or ``nodes``), read the replies.
 
     The executor answers with one entry per node: the list of replies, or a
     :class:`_Failed`. ``skip_quarantined`` leaves out nodes that restarted
     too recently to be trusted with a new lease; ``force`` asks nodes even
-    while they are marked down.
+    while they are marked down. ``decided``, given the results so far, says
+    whether the step has succeeded already: the sync executor then stops
+    reading (the remaining nodes answer :data:`_UNREAD`; their replies are
+    read and dropped with the connection's next use), so a step waits for
+    the quorum's slowest node, not for the slowest of all.
     """
 
     commands: list[tuple]
     nodes: list[int] | None = None
     skip_quarantined: bool = False
     force: bool = False
+    decided: Callable[[list], bool] | None = None
+
+
+#: What a node answers when the step was decided before its reply was read.
+_UNREAD = _Failed("not read: the step was decided without this node")
 
 
 @dataclass
@@ -470,6 +481,7 @@ class RedlockBackend(StepsBackend):
                 prelude = 0
                 if conn._sock is None:
                     conn.connect()
+                    conn._distlock_owed = 0
                     prelude = self._prelude_len
                 if packed is None:
                     packed = wire.pack(conn, step.commands)
@@ -491,17 +503,31 @@ class RedlockBackend(StepsBackend):
         deadline = time.monotonic() + self.node_timeout
         count = len(step.commands)
         slack = self.node_timeout / 2
-        for i, conn, prelude in sent:
+        decided = step.decided
+        for k, (i, conn, prelude) in enumerate(sent):
+            # Replies owed from a step decided without this node come first.
+            owed = conn.__dict__.get("_distlock_owed", 0)
             try:
-                replies = wire.read_replies(conn, prelude + count, deadline, slack)
+                replies = wire.read_replies(
+                    conn, owed + prelude + count, deadline, slack
+                )
             except (redis.exceptions.RedisError, OSError) as e:
                 self._drop(i, conn, wire.timed_out(e), e)
                 results[i] = _Failed(e)
                 continue
-            if prelude:
-                self.nodes[i].seen(replies[0], self.restart_delay)
-                replies = replies[prelude:]
+            conn._distlock_owed = 0
+            if owed or prelude:
+                if prelude:
+                    self.nodes[i].seen(replies[owed], self.restart_delay)
+                replies = replies[owed + prelude :]
             results[i] = self._checked(i, conn, step, replies)
+            if decided is not None and k + 1 < len(sent) and decided(results):
+                for j, later, later_prelude in sent[k + 1 :]:
+                    later._distlock_owed = (
+                        later.__dict__.get("_distlock_owed", 0) + later_prelude + count
+                    )
+                    results[j] = _UNREAD
+                break
         return results
 
     def _checked(self, i: int, conn, step: Fanout, replies: list):
@@ -532,6 +558,10 @@ class RedlockBackend(StepsBackend):
             if conn._sock is None:
                 # Let a fan-out set this connection up (scripts, restart check).
                 return False
+            owed = conn.__dict__.get("_distlock_owed", 0)
+            if owed:
+                wire.read_replies(conn, owed, time.monotonic() + self.node_timeout)
+                conn._distlock_owed = 0
             conn.send_command(
                 "BLPOP", step.key, f"{step.seconds:.3f}", check_health=False
             )
@@ -761,6 +791,7 @@ class RedlockBackend(StepsBackend):
                         ("INCR", counter_key),
                     ],
                     skip_quarantined=True,
+                    decided=self._set_by_quorum,
                 )
             else:
                 if blocking:
@@ -785,6 +816,7 @@ class RedlockBackend(StepsBackend):
                         )
                     ],
                     skip_quarantined=True,
+                    decided=self._granted_by_quorum,
                 )
             granted: list[tuple[int, int]] = []
             busy: list[tuple[int, int]] = []
@@ -936,6 +968,22 @@ class RedlockBackend(StepsBackend):
                 nodes=new,
             )
 
+    # Step outcomes the executor may stop reading at (see Fanout.decided).
+
+    def _set_by_quorum(self, results: list) -> bool:
+        """A first attempt (SET NX PX, INCR) that a quorum granted."""
+        ok = sum(1 for r in results if not isinstance(r, _Failed) and r[0] is not None)
+        return ok >= self.quorum
+
+    def _granted_by_quorum(self, results: list) -> bool:
+        """A scripted attempt that a quorum granted."""
+        ok = sum(1 for r in results if not isinstance(r, _Failed) and r[0][0] == 1)
+        return ok >= self.quorum
+
+    def _ones_by_quorum(self, results: list) -> bool:
+        """A release or extend that a quorum confirmed."""
+        return self._count(results)[0] >= self.quorum
+
     def _count(self, results: list, index: int = 0) -> tuple[int, int]:
         """Return (nodes that answered 1 at ``index``, nodes that failed)."""
         ok = failed = 0
@@ -955,7 +1003,7 @@ class RedlockBackend(StepsBackend):
         The second try reconnects to nodes whose connection broke (a restart)
         so that one dead socket does not leave the outcome unknown.
         """
-        results = yield Fanout([command])
+        results = yield Fanout([command], decided=self._ones_by_quorum)
         ok, failed = self._count(results)
         if ok < self.quorum <= ok + failed:
             retry = [i for i, r in enumerate(results) if isinstance(r, _Failed)]
