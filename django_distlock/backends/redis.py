@@ -645,7 +645,7 @@ class RedisLockBackend(StepsBackend):
                 conn, self.socket_timeout
             ):
                 conn.send_command(*args, check_health=False)
-                [reply] = [conn._parser.read_response()]
+                reply = conn._parser.read_response()
             else:
                 sock.sendall(wire.pack(conn, [args]))
                 [reply] = wire.read_replies(conn, 1)
@@ -823,52 +823,27 @@ class RedisLockBackend(StepsBackend):
     async def _acall(self, *args: Any) -> Any:
         """Async twin of :meth:`_call`, on this event loop's own connections.
 
-        One deadline bounds the whole command (connecting included); no task
-        is created. A connection interrupted anywhere (timeout, error, the
-        task's cancellation mid-reply) is closed, never reused; an error
-        reply (``ResponseError``, e.g. NOSCRIPT) leaves it usable.
+        One command through :meth:`_apipeline`; an error reply
+        (``ResponseError``, e.g. NOSCRIPT) is raised, and leaves the
+        connection usable.
         """
         import redis
 
         if self._routed:
             return await self.aclient().execute_command(*args)
-        loop, conns = self._aloop()
-        conn = conns.idle.pop() if conns.idle else self._anew_connection()
-        entry = conns.watch(loop, conn, self._atimeout_for(conn))
-        try:
-            replies = await self._aready(conn)
-            # The layer under send_packed_command()/read_response(): the
-            # transport, and the replies straight from hiredis. Those two
-            # wrappers only add checks done above, per-call timeouts (ours is
-            # the deadline) and error wrapping (done by our caller).
-            if replies is not None:
-                conn._writer.transport.write(self._apack(args))
-                [reply] = await replies.read(1)
-            else:
-                writer = conn._writer
-                writer.write(self._apack(args))
-                if writer.transport.get_write_buffer_size():
-                    await writer.drain()  # only when the socket did not take all
-                reply = await conn._parser.read_response()
-        except BaseException as exc:
-            del conns.busy[conn]
-            error = self._afailed(conn, entry, exc)
-            if error is None:
-                raise
-            raise error from exc
-        del conns.busy[conn]
-        self._acheckin(conns, conn)
+        [reply] = await self._apipeline([args])
         if isinstance(reply, redis.exceptions.ResponseError):
-            # An error reply (e.g. NOSCRIPT), read whole: the connection is
-            # fine. (One raised while connecting dropped it, above.)
             raise reply
         return reply
 
     async def _apipeline(self, commands: list[tuple]) -> list:
         """Send ``commands`` in one write; return their replies in order.
 
-        Error replies are returned as exceptions (like redis-py's
-        ``execute(raise_on_error=False)``); anything else failing raises.
+        One deadline bounds the whole exchange (connecting included); no task
+        is created. Error replies are returned as exceptions (like redis-py's
+        ``execute(raise_on_error=False)``); anything else failing raises, and
+        the connection, interrupted anywhere (timeout, error, the task's
+        cancellation mid-reply), is closed, never reused.
         """
         import redis
 
