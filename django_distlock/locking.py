@@ -48,7 +48,8 @@ _held_by: WeakKeyDictionary = WeakKeyDictionary()
 
 def _caller() -> tuple[int, int]:
     """Return (thread ident, id of the running asyncio task or 0)."""
-    task = asyncio.current_task() if asyncio._get_running_loop() else None
+    loop = asyncio._get_running_loop()
+    task = asyncio.current_task(loop) if loop is not None else None
     return threading.get_ident(), id(task) if task is not None else 0
 
 

@@ -176,9 +176,10 @@ class AsyncWatchdog:
     Like the renewal thread, the task wakes at least every ``IDLE_TICK``
     seconds while it has leases, so that registering a lease due later than
     its next wake-up costs no wake-up at all: an acquisition adds an entry
-    and returns. The task sleeps on a plain future with a timer (no helper
-    task, no ``wait_for``), so cancelling it (``asyncio.run()`` ending)
-    always stops it.
+    and returns. It ends about a tick after its last lease went. The task
+    sleeps on a plain future with a timer (no helper task, no
+    ``wait_for``), so cancelling it (``asyncio.run()`` ending) always stops
+    it.
     """
 
     def __init__(self) -> None:
@@ -208,7 +209,18 @@ class AsyncWatchdog:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._schedule.entries:
+        # The task ends when it finds nothing to renew twice in a row, a tick
+        # apart, not as soon as the schedule is empty: a task that acquires
+        # and releases in a loop empties it on every release, and would pay
+        # for a new task on every acquisition.
+        idle = False
+        while True:
+            if not self._schedule.entries:
+                if idle:
+                    return
+                idle = True
+            else:
+                idle = False
             now = time.monotonic()
             wake_at = min(self._schedule.next_due(), now + IDLE_TICK)
             if wake_at > now:

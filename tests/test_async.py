@@ -486,6 +486,31 @@ def test_async_renewal_does_not_wake_the_task_per_acquisition(redis_url):
     asyncio.run(scenario())
 
 
+def test_async_renewal_task_outlives_an_empty_schedule(redis_url):
+    """Acquiring and releasing in a loop keeps one renewal task, not one each."""
+    from django_distlock import watchdog
+
+    async def scenario():
+        dog = watchdog.async_watchdog()
+        async with lock("loop:0", ttl=30):
+            pass
+        task = dog._task
+        assert task is not None
+        for i in range(1, 20):
+            async with lock(f"loop:{i}", ttl=30):
+                await asyncio.sleep(0)  # the renewal task runs in between
+            await asyncio.sleep(0)
+        assert dog._task is task and not task.done()
+        return task
+
+    async def ends_after_idle_ticks():
+        task = await scenario()
+        # Nothing left to renew: it ends within two ticks.
+        await asyncio.wait_for(task, watchdog.IDLE_TICK * 2 + 1)
+
+    asyncio.run(ends_after_idle_ticks())
+
+
 def test_cache_option_keeps_the_cache_connection_settings(redis_server, redis_url):
     """With OPTIONS["CACHE"], async commands go to the cache's database."""
     caches_setting = {

@@ -852,13 +852,18 @@ class RedisLockBackend(StepsBackend):
         entry = conns.watch(loop, conn, self._atimeout_for(conn))
         replies: list = []
         try:
-            reader = await self._aready(conn)
+            reader = conn.__dict__.get("_distlock_replies")
+            if reader is None or not conn.is_connected or reader.stale():
+                reader = await self._aready(conn)
             pack = self._apack
-            packed = [pack(command) for command in commands]
             if reader is not None:
-                conn._writer.transport.write(b"".join(packed))
+                if len(commands) == 1:
+                    reader.transport.write(pack(commands[0]))
+                else:
+                    reader.transport.write(b"".join(map(pack, commands)))
                 replies = await reader.read(len(commands))
             else:
+                packed = [pack(command) for command in commands]
                 await conn.send_packed_command(packed, check_health=False)
                 for _ in commands:
                     try:
@@ -878,26 +883,32 @@ class RedisLockBackend(StepsBackend):
     async def _aexecute(self, command: Command) -> Any:
         import redis
 
-        try:
-            kind = command[0]
-            if kind == "eval":
-                script: LuaScript = command[1]
-                keys, args = command[2], command[3]
-                try:
-                    return await self._acall(
-                        "EVALSHA", script.sha, len(keys), *keys, *args
-                    )
-                except redis.exceptions.NoScriptError:
-                    return await self._acall(
-                        "EVAL", script.source, len(keys), *keys, *args
-                    )
-            if kind == "blpop":
-                return await self._acall("BLPOP", command[1], command[2])
-            if kind == "hget":
-                return await self._acall("HGET", command[1], command[2])
+        kind = command[0]
+        if kind == "eval":
+            script: LuaScript = command[1]
+            keys, args = command[2], command[3]
+            call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        elif kind == "blpop" or kind == "hget":
+            call = (kind.upper(), command[1], command[2])
+        else:
             raise AssertionError(f"unknown command {kind!r}")
+        try:
+            if self._routed:
+                return await self._acall(*call)
+            # _acall(), inlined: one coroutine less per command.
+            [reply] = await self._apipeline([call])
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise reply
+            return reply
+        except redis.exceptions.NoScriptError as e:
+            if kind != "eval":
+                raise self._error(e, kind) from e
+            try:
+                return await self._acall("EVAL", script.source, *call[2:])
+            except redis.exceptions.RedisError as e:
+                raise self._error(e, kind) from e
         except redis.exceptions.RedisError as e:
-            raise self._error(e, command[0]) from e
+            raise self._error(e, kind) from e
 
     def _run(self, steps: Generator[Command, Any, Any]) -> Any:
         result = None

@@ -24,6 +24,8 @@ import ssl
 import struct
 import time
 
+from .wakeup import Wakeup
+
 __all__ = [
     "Replies",
     "kernel_timeouts",
@@ -158,16 +160,24 @@ class Replies(asyncio.Protocol):
     future, three coroutine levels per read). After connecting, the
     backend puts this protocol on the connection's transport instead: bytes
     go straight into the connection's hiredis reader, and a reader waits on
-    one future. Writes still go through the transport; they are small, and
-    reading the reply proves they went out, so there is no ``drain()``.
+    one :class:`~.wakeup.Wakeup`, which resumes it in the loop iteration
+    that received its reply. Writes still go through the transport; they
+    are small, and reading the reply proves they went out, so there is no
+    ``drain()``.
     """
 
-    def __init__(self, reader, loop: asyncio.AbstractEventLoop, sock=None):
+    def __init__(
+        self, reader, loop: asyncio.AbstractEventLoop, sock=None, transport=None
+    ):
         self.reader = reader
         self.loop = loop
-        self.sock = sock
+        self.transport = transport
+        self.poll = None
+        if sock is not None:
+            self.poll = select.poll()
+            self.poll.register(sock, select.POLLIN)
         self.error: BaseException | None = None
-        self.waiter: asyncio.Future | None = None
+        self.waiter: Wakeup | None = None
 
     @classmethod
     def take_over(cls, conn) -> Replies | None:
@@ -177,7 +187,10 @@ class Replies(asyncio.Protocol):
             return None
         transport = conn._writer.transport
         replies = cls(
-            reader, asyncio.get_running_loop(), transport.get_extra_info("socket")
+            reader,
+            asyncio.get_running_loop(),
+            transport.get_extra_info("socket"),
+            transport,
         )
         stream = conn._reader
         if stream._buffer:  # bytes the stream already holds come first
@@ -195,7 +208,7 @@ class Replies(asyncio.Protocol):
         return (
             self.error is not None
             or bool(self.reader.has_data())
-            or (self.sock is not None and readable(self.sock, 0))
+            or (self.poll is not None and bool(self.poll.poll(0)))
         )
 
     async def read(self, count: int) -> list:
@@ -204,7 +217,7 @@ class Replies(asyncio.Protocol):
         while not _collect(self.reader, replies, count):
             if self.error is not None:
                 raise self.error
-            self.waiter = self.loop.create_future()
+            self.waiter = Wakeup(self.loop)
             try:
                 await self.waiter
             finally:
@@ -228,6 +241,7 @@ class Replies(asyncio.Protocol):
         self._wake()
 
     def _wake(self) -> None:
+        # The waiting task may run (and send its next command) inside set().
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            waiter.set()
