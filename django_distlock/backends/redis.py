@@ -848,8 +848,12 @@ class RedisLockBackend(StepsBackend):
         import redis
 
         loop, conns = self._aloop()
-        conn = conns.idle.pop() if conns.idle else self._anew_connection()
-        entry = conns.watch(loop, conn, self._atimeout_for(conn))
+        if conns.idle:  # connected (checked in after a command went well)
+            conn = conns.idle.pop()
+            entry = conns.watch(loop, conn, self._aspec[2])
+        else:
+            conn = self._anew_connection()
+            entry = conns.watch(loop, conn, self._atimeout_for(conn))
         replies: list = []
         try:
             reader = conn.__dict__.get("_distlock_replies")
