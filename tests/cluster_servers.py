@@ -16,8 +16,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+from .procs import run_in_processes
 from .servers import RedisServer, free_port, port_open, unavailable
 
 __all__ = [
@@ -454,3 +459,32 @@ def read_log(path) -> list[tuple[float, float, int, int]]:
             start, end, token, pid = line.split()
             rows.append((float(start), float(end), int(token), int(pid)))
     return rows
+
+
+@contextmanager
+def failover_load(name: str, log: Path) -> Iterator[list[dict]]:
+    """Keep three :func:`failover_worker` processes taking ``name`` meanwhile.
+
+    They log to ``log`` (emptied first); enter once 20 critical sections are
+    logged. On exit, stop the workers and wait for them. Yield the list
+    their return values are put in when they end.
+    """
+    stop = log.with_name(log.name + ".stop")
+    log.write_text("")
+    results: list[dict] = []
+    runner = threading.Thread(
+        target=lambda: results.extend(
+            run_in_processes(
+                failover_worker,
+                [(name, str(log), str(stop), 2.0) for _ in range(3)],
+                timeout=300,
+            )
+        )
+    )
+    runner.start()
+    try:
+        wait_until(lambda: len(read_log(log)) >= 20, 120, "load before")
+        yield results
+    finally:
+        stop.write_text("stop")
+        runner.join(300)

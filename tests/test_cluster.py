@@ -22,13 +22,12 @@ from django_distlock.checks import check_locks_setting
 from django_distlock.exceptions import StaleFencingToken
 from tests.cluster_servers import (
     RedisCluster,
-    failover_worker,
+    failover_load,
     read_log,
     wait_until,
 )
 from tests.conftest import redis_locks
 from tests.contract import LockBackendContract
-from tests.procs import run_in_processes
 from tests.testapp.models import Account
 
 pytestmark = pytest.mark.redis
@@ -203,21 +202,8 @@ class TestClusterFailover:
 
     def test_failover_under_load(self, redis_cluster, cluster_locks, tmp_path):
         name = f"failover:{uuid.uuid4().hex}"
-        log, stop = tmp_path / "log", tmp_path / "stop"
-        log.write_text("")
-        results: list = []
-        runner = threading.Thread(
-            target=lambda: results.extend(
-                run_in_processes(
-                    failover_worker,
-                    [(name, str(log), str(stop), 2.0) for _ in range(3)],
-                    timeout=300,
-                )
-            )
-        )
-        runner.start()
-        try:
-            wait_until(lambda: len(read_log(log)) >= 20, 120, "load before")
+        log = tmp_path / "log"
+        with failover_load(name, log) as results:
             killed_at = time.monotonic()
             key = LockKeys("distlock", name).lease
             primary, _ = self._fail_over(redis_cluster, key)
@@ -227,9 +213,6 @@ class TestClusterFailover:
                 120,
                 "load after the failover",
             )
-        finally:
-            stop.write_text("stop")
-            runner.join(300)
         self._rejoin(redis_cluster, primary)
         rows = read_log(log)
         before = [r for r in rows if r[1] < killed_at]

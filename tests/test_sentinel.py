@@ -8,7 +8,6 @@ pytest-django does not reorder them).
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 
@@ -19,12 +18,11 @@ from django_distlock import lock, locks
 from django_distlock.checks import check_locks_setting
 from tests.cluster_servers import (
     SentinelSetup,
-    failover_worker,
+    failover_load,
     read_log,
     wait_until,
 )
 from tests.contract import LockBackendContract
-from tests.procs import run_in_processes
 
 pytestmark = pytest.mark.redis
 
@@ -92,44 +90,30 @@ class TestSentinelFailover:
 
     def test_failover_under_load(self, sentinel_setup, tmp_path):
         name = f"sentinel-failover:{uuid.uuid4().hex}"
-        log, stop = tmp_path / "log", tmp_path / "stop"
-        log.write_text("")
-        results: list = []
+        log = tmp_path / "log"
         with override_settings(LOCKS=sentinel_locks(sentinel_setup)):
-            runner = threading.Thread(
-                target=lambda: results.extend(
-                    run_in_processes(
-                        failover_worker,
-                        [(name, str(log), str(stop), 2.0) for _ in range(3)],
-                        timeout=300,
-                    )
-                )
-            )
-            runner.start()
             try:
-                wait_until(lambda: len(read_log(log)) >= 20, 120, "load before")
-                old_port = sentinel_setup.current_primary_port()
-                assert old_port == sentinel_setup.primary.port
-                killed_at = time.monotonic()
-                sentinel_setup.primary.kill()
-                wait_until(
-                    lambda: sentinel_setup.current_primary_port() != old_port,
-                    120,
-                    "the sentinels to promote the replica",
-                )
-                promoted_at = time.monotonic()
-                wait_until(
-                    lambda: sum(r[0] > promoted_at for r in read_log(log)) >= 20,
-                    120,
-                    "load after the failover",
-                )
-                # A client made now reaches the new primary directly.
-                locks.reset()
-                with lock(name, timeout=30) as held:
-                    assert held.locked()
+                with failover_load(name, log) as results:
+                    old_port = sentinel_setup.current_primary_port()
+                    assert old_port == sentinel_setup.primary.port
+                    killed_at = time.monotonic()
+                    sentinel_setup.primary.kill()
+                    wait_until(
+                        lambda: sentinel_setup.current_primary_port() != old_port,
+                        120,
+                        "the sentinels to promote the replica",
+                    )
+                    promoted_at = time.monotonic()
+                    wait_until(
+                        lambda: sum(r[0] > promoted_at for r in read_log(log)) >= 20,
+                        120,
+                        "load after the failover",
+                    )
+                    # A client made now reaches the new primary directly.
+                    locks.reset()
+                    with lock(name, timeout=30) as held:
+                        assert held.locked()
             finally:
-                stop.write_text("stop")
-                runner.join(300)
                 locks.reset()
         assert sentinel_setup.current_primary_port() == sentinel_setup.replica.port
         rows = read_log(log)
