@@ -66,6 +66,10 @@ def hold_for(
     from django_distlock import lock
 
     with lock(name, ttl=ttl, timeout=30, using=using) as held:
-        Path(ready_path).write_text(str(held.fencing_token))
+        # Written aside, then renamed: a reader polling for the file must
+        # never see it empty.
+        partial = Path(ready_path + ".partial")
+        partial.write_text(str(held.fencing_token))
+        os.replace(partial, ready_path)
         time.sleep(seconds)
         return held.fencing_token
