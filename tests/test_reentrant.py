@@ -139,7 +139,7 @@ def hold_nested(
         assert h.acquire()
     tokens = {h.fencing_token for h in handles}
     assert len(tokens) == 1
-    Path(ready).write_text(str(handles[0].fencing_token))
+    workers.write_whole(ready, str(handles[0].fencing_token))
     deadline = time.monotonic() + 60
     while not Path(go).exists() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -56,6 +56,14 @@ def try_acquire(
     return token
 
 
+def write_whole(path: str, text: str) -> None:
+    """Write ``text`` aside, then rename it to ``path``: a reader polling
+    for the file never sees it empty or half written."""
+    partial = Path(path + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def hold_for(
     name: str, seconds: float, ready_path: str, ttl: float = 5.0, using: str = "default"
 ) -> int:
@@ -66,10 +74,6 @@ def hold_for(
     from django_distlock import lock
 
     with lock(name, ttl=ttl, timeout=30, using=using) as held:
-        # Written aside, then renamed: a reader polling for the file must
-        # never see it empty.
-        partial = Path(ready_path + ".partial")
-        partial.write_text(str(held.fencing_token))
-        os.replace(partial, ready_path)
+        write_whole(ready_path, str(held.fencing_token))
         time.sleep(seconds)
         return held.fencing_token
