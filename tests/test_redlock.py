@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from django.core.checks import Error, Warning
 from django.test import override_settings
 
@@ -334,6 +335,49 @@ def test_async_api(nodes):
             return peak
 
     assert asyncio.run(main()) == 1
+
+
+def test_cancelled_async_acquisitions_leave_nothing_behind(nodes):
+    """A task cancelled while it waits leaves the waiters' queue (the next
+    release hands the lock to a live waiter at once), and one cancelled
+    mid-step leaves no lease; the nodes are not marked down for it."""
+    backend = backend_for(nodes)
+    keys = backend.keys_for("cancelled")
+    clients = [redis.Redis.from_url(s.url) for s in nodes]
+
+    async def main():
+        holder = await backend.aacquire("cancelled", 30, 0)
+        assert holder is not None
+        waiter = asyncio.create_task(backend.aacquire("cancelled", 30, 20))
+        await asyncio.sleep(0.3)  # registered and blocking by now
+        assert all(c.zcard(keys[2]) == 1 for c in clients)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert all(c.zcard(keys[2]) == 0 for c in clients)
+        live = asyncio.create_task(backend.aacquire("cancelled", 30, 20))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        assert await backend.arelease(holder)
+        lease = await live
+        assert lease is not None and time.monotonic() - started < 0.5
+        assert await backend.arelease(lease)
+        # Cancelled at every point of a free lock's first attempt: whatever
+        # the nodes granted is undone, and the nodes stay usable.
+        for delay in (0, 0.0001, 0.0003, 0.0006, 0.001):
+            task = asyncio.create_task(backend.aacquire("mid-step", 30, 0))
+            await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                lease = await task
+            except asyncio.CancelledError:
+                pass
+            else:
+                assert await backend.arelease(lease)
+            assert not any(c.exists(backend.keys_for("mid-step")[0]) for c in clients)
+            assert all(node.down_until < time.monotonic() for node in backend.nodes)
+
+    asyncio.run(main())
 
 
 # -- failures --------------------------------------------------------------

@@ -134,16 +134,7 @@ def _timed_out(entry: list, exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError)
 
 
-def _adrop(conn) -> None:
-    """Close a ``redis.asyncio`` connection at once, without awaiting.
-
-    Safe in a task being cancelled: the connection is never used again, so
-    an unread reply on it can never be taken for another command's.
-    """
-    try:
-        conn._close()  # redis-py's own no-wait close of the transport
-    except Exception:  # noqa: S110 - the loop may be closed: nothing to do
-        pass
+_adrop = wire.close_now
 
 
 #: One lease's reads for a listing: HMGET of its fields, then PTTL (RESP,
@@ -564,8 +555,9 @@ class RedisLockBackend(StepsBackend):
         # opened it), and the last loop's, found without hashing the loop on
         # every command.
         self._aloops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._aloop_last: weakref.ref | None = None
-        self._aconns_last = _LoopConnections()
+        # (loop, its connections) of the last call: one attribute, read and
+        # written whole, since threads with loops of their own share it.
+        self._aloop_last: tuple[weakref.ref, _LoopConnections] | None = None
         self._aloops_pid = current_pid()
         # (connection class, its kwargs, command timeout), from aclient().
         self._aspec: tuple | None = None
@@ -724,17 +716,16 @@ class RedisLockBackend(StepsBackend):
     def _aloop(self) -> tuple[asyncio.AbstractEventLoop, _LoopConnections]:
         """The running event loop and this backend's connections on it."""
         loop = asyncio.get_running_loop()
-        ref = self._aloop_last
-        if ref is not None and ref() is loop:
-            return loop, self._aconns_last
+        last = self._aloop_last
+        if last is not None and last[0]() is loop:
+            return loop, last[1]
         if self._aloops_pid != current_pid():
             # Forked: the parent's sockets are not ours to use or close.
             self._reset_async_pool()
         conns = self._aloops.get(loop)
         if conns is None:
             conns = self._aloops[loop] = _LoopConnections()
-        self._aloop_last = weakref.ref(loop)
-        self._aconns_last = conns
+        self._aloop_last = (weakref.ref(loop), conns)
         return loop, conns
 
     def _anew_connection(self):

@@ -220,6 +220,37 @@ class _Conns(threading.local):
         self.conns: dict[int, Any] = {}
 
 
+class _StreamReplies:
+    """A :class:`~.wire.Replies` look-alike over redis.asyncio's own parser,
+    for connections without a hiredis reader (e.g. a ``parser_class`` in
+    ``CONNECTION_POOL_KWARGS``)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.owed = 0
+        self.error = None
+
+    def stale(self) -> bool:
+        return False  # no cheap check: a dead connection fails its read
+
+    def write(self, data: bytes) -> None:
+        self.conn._writer.write(data)
+
+    def take(self, count: int) -> None:
+        return None
+
+    async def read(self, count: int) -> list:
+        import redis
+
+        replies: list = []
+        for _ in range(count):
+            try:
+                replies.append(await self.conn.read_response(timeout=math.inf))
+            except redis.exceptions.ResponseError as e:
+                replies.append(e)
+        return replies
+
+
 class RedlockBackend(StepsBackend):
     """Locks held by a majority of independent Redis masters (Redlock).
 
@@ -268,6 +299,7 @@ class RedlockBackend(StepsBackend):
         self._local = _Conns()
         self._all_conns: weakref.WeakSet = weakref.WeakSet()
         self._aconns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._aloop_last: tuple[weakref.ref, list[list]] | None = None
         self._factories: list | None = None
         self._afactories: list | None = None
         self._prelude_len = len(_prelude())
@@ -449,6 +481,7 @@ class RedlockBackend(StepsBackend):
         self._local = _Conns()
         self._all_conns = weakref.WeakSet()
         self._aconns = weakref.WeakKeyDictionary()
+        self._aloop_last = None
 
     # -- the synchronous executor ------------------------------------------
 
@@ -573,34 +606,65 @@ class RedlockBackend(StepsBackend):
             self._drop(i, conn, wire.timed_out(e))
             return False
 
+    def _step(self, step: Fanout | Block | Sleep) -> Any:
+        if isinstance(step, Fanout):
+            return self._fanout(step)
+        if isinstance(step, Block):
+            return self._block(step)
+        time.sleep(step.seconds)
+        return None
+
     def _run(self, steps: Generator) -> Any:
         result = None
-        try:
-            while True:
+        while True:
+            try:
                 step = steps.send(result)
-                if isinstance(step, Fanout):
-                    result = self._fanout(step)
-                elif isinstance(step, Block):
-                    result = self._block(step)
-                else:
-                    time.sleep(step.seconds)
-                    result = None
-        except StopIteration as stop:
-            return stop.value
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result = self._step(step)
+            except BaseException as exc:
+                self._unwind(steps, exc)
+                raise
+
+    def _unwind(self, steps: Generator, exc: BaseException) -> None:
+        """Let the algorithm clean up after ``exc`` (best effort): an
+        acquisition interrupted mid-step undoes what the nodes may have
+        granted it and leaves the waiters' queue."""
+        try:
+            step = steps.throw(exc)
+            while True:
+                step = steps.send(self._step(step))
+        except BaseException:  # noqa: S110 - the original exception is raised
+            pass
+        finally:
+            steps.close()
 
     # -- the asyncio executor ----------------------------------------------
+    #
+    # The same steps as the synchronous executor, on this event loop's own
+    # redis.asyncio connections. Once connected, a connection's replies are
+    # read by a :class:`~.wire.Replies` put on its transport (bytes straight
+    # into hiredis; a reader resumed in the loop iteration that got its
+    # bytes), and a step stops reading at the quorum like the sync one.
 
-    def _aconn(self, i: int):
+    def _afree(self) -> list[list]:
+        """This event loop's idle connections, by node."""
         loop = asyncio.get_running_loop()
+        last = self._aloop_last  # read whole: threads with loops share it
+        if last is not None and last[0]() is loop:
+            return last[1]
         free = self._aconns.get(loop)
         if free is None:
             free = self._aconns[loop] = [[] for _ in self.nodes]
-        if free[i]:
-            return free[i].pop()
+        self._aloop_last = (weakref.ref(loop), free)
+        return free
+
+    def _anew_conn(self, i: int):
         if self._afactories is None:
             import redis.asyncio as aredis
 
-            # Deadlines are ours (asyncio.timeout around each step): a driver
+            # Deadlines are ours (one asyncio timeout per step): a driver
             # socket timeout would cost a task per send.
             self._afactories = self._factory_list(
                 aredis.ConnectionPool, socket_timeout=None
@@ -608,130 +672,201 @@ class RedlockBackend(StepsBackend):
         cls, kwargs = self._afactories[i]
         return cls(**kwargs)
 
-    def _aput(self, i: int, conn) -> None:
-        free = self._aconns.get(asyncio.get_running_loop())
-        if free is not None and len(free[i]) < 64:
-            free[i].append(conn)
+    @staticmethod
+    def _aput(idle: list, conn) -> None:
+        if len(idle) < 64:
+            idle.append(conn)
 
-    async def _adrop(self, i: int, conn, timed_out: bool) -> None:
-        try:
-            await conn.disconnect()
-        except Exception:
-            pass
-        self.nodes[i].fail(timed_out)
+    def _adrop(self, i: int, conn, error: BaseException | str | None) -> None:
+        """Close ``conn`` (it may owe replies); mark node ``i`` failed if
+        ``error`` is given (a cancelled step is no fault of the node)."""
+        wire.close_now(conn)
+        if error is not None:
+            self.nodes[i].fail(wire.timed_out(error), error)
+
+    @staticmethod
+    def _aready_now(conn, replies) -> bool:
+        """Whether ``conn`` can take a step as it is: connected, and not
+        gone stale while idle (closed by a restarted server, or holding
+        bytes nobody asked for; replies it owes are expected)."""
+        return (
+            replies is not None
+            and conn.is_connected
+            and replies.error is None
+            and (replies.owed > 0 or not replies.stale())
+        )
+
+    async def _aconnect(self, conn) -> tuple[Any, int]:
+        """Connect ``conn`` afresh; return its reader and how many prelude
+        replies come first (a new connection sends the prelude with its
+        first step)."""
+        if conn.is_connected:
+            wire.close_now(conn)
+        async with asyncio.timeout(self.connect_timeout):
+            await conn.connect()
+        replies = wire.Replies.take_over(conn) or _StreamReplies(conn)
+        conn._distlock_replies = replies
+        return replies, self._prelude_len
+
+    def _asettle(
+        self, i: int, idle: list, conn, reader, prelude: int, replies: list, step
+    ):
+        """Account for node ``i``'s replies to ``step``; return its result.
+
+        The connection goes back to ``idle`` (unless a lost script cache
+        means it must reconnect).
+        """
+        import redis
+
+        owed, reader.owed = reader.owed, 0
+        if prelude:
+            self.nodes[i].seen(replies[owed], self.restart_delay)
+        replies = replies[owed + prelude :]
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.ResponseError):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    wire.close_now(conn)  # reconnecting reloads the scripts
+                else:
+                    self._aput(idle, conn)
+                return _Failed(reply)
+        self._aput(idle, conn)
+        return self._unless_quarantined(self.nodes[i], step, replies)
 
     async def _afanout(self, step: Fanout) -> list:
         import redis
 
         results, targets = self._targets(step)
-        sent = []
+        free = self._afree()
+        count = len(step.commands)
         packed = None
+        pending: list[tuple[int, Any, Any, int]] = []  # (node, conn, reader, prelude)
         try:
             for i in targets:
-                conn = self._aconn(i)
-                try:
-                    prelude = 0
-                    if not conn.is_connected:
-                        async with asyncio.timeout(self.connect_timeout):
-                            await conn.connect()
-                        prelude = self._prelude_len
-                    if packed is None:
-                        packed = conn.pack_commands(step.commands)
-                    if prelude:
-                        data = conn.pack_commands(_prelude()) + packed
+                conn = free[i].pop() if free[i] else self._anew_conn(i)
+                reader, prelude = conn.__dict__.get("_distlock_replies"), 0
+                if not self._aready_now(conn, reader):
+                    try:
+                        reader, prelude = await self._aconnect(conn)
+                    except (redis.exceptions.RedisError, OSError) as e:
+                        results[i] = _Failed(e)
+                        self._adrop(i, conn, e)
+                        continue
+                if packed is None:
+                    packed = wire.pack(conn, step.commands)
+                if prelude:
+                    reader.write(wire.pack(conn, _prelude()) + packed)
+                else:
+                    reader.write(packed)
+                pending.append((i, conn, reader, prelude))
+            # Read in sending order under one deadline for the whole step (a
+            # stopped node costs one NODE_TIMEOUT, however many are stopped).
+            decided = step.decided
+            try:
+                async with asyncio.timeout(self.node_timeout):
+                    while pending:
+                        i, conn, reader, prelude = pending[0]
+                        try:
+                            replies = await reader.read(reader.owed + prelude + count)
+                        except (redis.exceptions.RedisError, OSError) as e:
+                            del pending[0]
+                            results[i] = _Failed(e)
+                            self._adrop(i, conn, e)
+                            continue
+                        del pending[0]
+                        results[i] = self._asettle(
+                            i, free[i], conn, reader, prelude, replies, step
+                        )
+                        if pending and decided is not None and decided(results):
+                            for j, later, later_reader, later_prelude in pending:
+                                later_reader.owed += later_prelude + count
+                                results[j] = _UNREAD
+                                self._aput(free[j], later)
+                            pending.clear()
+            except TimeoutError:
+                # Past the deadline, what is in already still counts.
+                for i, conn, reader, prelude in pending:
+                    replies = reader.take(reader.owed + prelude + count)
+                    if replies is None:
+                        results[i] = _Failed("timed out")
+                        self._adrop(i, conn, TimeoutError("timed out"))
                     else:
-                        data = packed
-                    await conn.send_packed_command(data, check_health=False)
-                    sent.append((i, conn, prelude))
-                except (redis.exceptions.RedisError, OSError, TimeoutError) as e:
-                    results[i] = _Failed(e)
-                    await self._adrop(i, conn, isinstance(e, TimeoutError))
-            deadline = asyncio.get_running_loop().time() + self.node_timeout
-            while sent:
-                i, conn, prelude = sent[0]
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        results[i] = await self._aread(i, conn, prelude, step)
-                except TimeoutError:
-                    results[i] = _Failed("timed out")
-                    await self._adrop(i, conn, True)
-                    sent.pop(0)
-                    continue
-                sent.pop(0)
-                if conn.is_connected:  # in step (an error reply is a reply)
-                    self._aput(i, conn)
+                        results[i] = self._asettle(
+                            i, free[i], conn, reader, prelude, replies, step
+                        )
+                pending.clear()
         except BaseException:
-            # Cancelled mid-step: the connections may owe replies.
-            for i, conn, _n in sent:
-                await self._adrop(i, conn, False)
+            # Cancelled mid-step: these connections may owe replies.
+            for i, conn, _reader, _count in pending:
+                self._adrop(i, conn, None)
             raise
         return results
-
-    async def _aread(self, i: int, conn, prelude: int, step: Fanout):
-        import redis
-
-        node = self.nodes[i]
-        try:
-            if prelude:
-                node.seen(
-                    await conn.read_response(timeout=math.inf), self.restart_delay
-                )
-                for _ in range(prelude - 1):
-                    await conn.read_response(timeout=math.inf)
-            replies = []
-            failed = None
-            for _ in range(len(step.commands)):
-                try:
-                    replies.append(await conn.read_response(timeout=math.inf))
-                except redis.exceptions.ResponseError as e:
-                    replies.append(e)
-                    failed = e
-            if failed is not None:
-                if isinstance(failed, redis.exceptions.NoScriptError):
-                    await conn.disconnect()
-                return _Failed(failed)
-            return self._unless_quarantined(node, step, replies)
-        except (redis.exceptions.RedisError, OSError) as e:
-            await self._adrop(i, conn, isinstance(e, redis.exceptions.TimeoutError))
-            return _Failed(e)
 
     async def _ablock(self, step: Block):
         import redis
 
         i = step.node
-        conn = self._aconn(i)
-        if not conn.is_connected:
-            self._aput(i, conn)
+        idle = self._afree()[i]
+        conn = idle.pop() if idle else None
+        reader = None if conn is None else conn.__dict__.get("_distlock_replies")
+        if reader is None or not conn.is_connected or reader.error is not None:
+            # Let a fan-out set this node's connection up (scripts, restart
+            # check).
+            if conn is not None:
+                wire.close_now(conn)
             return False
+        reader.write(wire.pack(conn, [("BLPOP", step.key, f"{step.seconds:.3f}")]))
         try:
-            await conn.send_command(
-                "BLPOP", step.key, f"{step.seconds:.3f}", check_health=False
-            )
             async with asyncio.timeout(step.seconds + self.node_timeout):
-                reply = await conn.read_response(timeout=math.inf)
-        except (redis.exceptions.RedisError, OSError, TimeoutError) as e:
-            await self._adrop(i, conn, isinstance(e, TimeoutError))
+                replies = await reader.read(reader.owed + 1)
+        except (redis.exceptions.RedisError, OSError) as e:  # timeouts too
+            self._adrop(i, conn, e)
             return False
         except BaseException:
-            await self._adrop(i, conn, False)
+            self._adrop(i, conn, None)
             raise
-        self._aput(i, conn)
+        reader.owed = 0
+        reply = replies[-1]
+        if isinstance(reply, redis.exceptions.ResponseError):
+            self._adrop(i, conn, reply)
+            return False
+        self._aput(idle, conn)
         return reply
+
+    async def _astep(self, step: Fanout | Block | Sleep) -> Any:
+        if isinstance(step, Fanout):
+            return await self._afanout(step)
+        if isinstance(step, Block):
+            return await self._ablock(step)
+        await asyncio.sleep(step.seconds)
+        return None
 
     async def _arun(self, steps: Generator) -> Any:
         result = None
-        try:
-            while True:
+        while True:
+            try:
                 step = steps.send(result)
-                if isinstance(step, Fanout):
+            except StopIteration as stop:
+                return stop.value
+            try:
+                if type(step) is Fanout:  # the common case, without _astep
                     result = await self._afanout(step)
-                elif isinstance(step, Block):
-                    result = await self._ablock(step)
                 else:
-                    await asyncio.sleep(step.seconds)
-                    result = None
-        except StopIteration as stop:
-            return stop.value
+                    result = await self._astep(step)
+            except BaseException as exc:
+                await self._aunwind(steps, exc)
+                raise
+
+    async def _aunwind(self, steps: Generator, exc: BaseException) -> None:
+        """Async twin of :meth:`_unwind` (runs after a task's cancellation
+        too)."""
+        try:
+            step = steps.throw(exc)
+            while True:
+                step = steps.send(await self._astep(step))
+        except BaseException:  # noqa: S110 - the original exception is raised
+            pass
+        finally:
+            steps.close()
 
     # -- the algorithm, as step generators ---------------------------------
 
@@ -775,169 +910,192 @@ class RedlockBackend(StepsBackend):
         registered = False
         no_quorum_since = None
         first = True
-        while True:
-            sent = time.monotonic()
-            live_ms = 0
-            if first:
-                # The first attempt is two plain commands per node, no script:
-                # most acquisitions find the lock free, and a script costs a
-                # node several times what SET and INCR do. The lease carries
-                # no fencing token (the counter holds it; a commit below
-                # writes it in when the nodes disagree).
-                results = yield Fanout(
-                    [
-                        ("SET", lease_key, token.encode() + b"\n\n" + meta)
-                        + ("NX", "PX", ttl_ms),
-                        ("INCR", counter_key),
-                    ],
-                    skip_quarantined=True,
-                    decided=self._set_by_quorum,
-                )
-            else:
-                if blocking:
-                    live_ms = (
-                        _ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
+        try:
+            while True:
+                sent = time.monotonic()
+                live_ms = 0
+                if first:
+                    # The first attempt is two plain commands per node, no script:
+                    # most acquisitions find the lock free, and a script costs a
+                    # node several times what SET and INCR do. The lease carries
+                    # no fencing token (the counter holds it; a commit below
+                    # writes it in when the nodes disagree).
+                    results = yield Fanout(
+                        [
+                            ("SET", lease_key, token.encode() + b"\n\n" + meta)
+                            + ("NX", "PX", ttl_ms),
+                            ("INCR", counter_key),
+                        ],
+                        skip_quarantined=True,
+                        decided=self._set_by_quorum,
                     )
-                results = yield Fanout(
-                    [
-                        (
-                            "EVALSHA",
-                            ACQUIRE.sha,
-                            3,
-                            lease_key,
-                            counter_key,
-                            waiters_key,
-                            token,
-                            ttl_ms,
-                            meta,
-                            live_ms,
-                            int(time.time()) << FENCE_SHIFT,
-                            self.fence_retention_ms,
-                        )
-                    ],
-                    skip_quarantined=True,
-                    decided=self._granted_by_quorum,
-                )
-            granted: list[tuple[int, int]] = []
-            busy: list[tuple[int, int]] = []
-            failed = 0
-            for i, r in enumerate(results):
-                if isinstance(r, _Failed):
-                    failed += 1
-                elif first:
-                    (granted if r[0] is not None else busy).append((i, r[1]))
-                elif r[0][0] == 1:
-                    granted.append((i, int(r[0][1])))
                 else:
-                    busy.append((i, int(r[0][1])))
-            fast, first = first, False
-            registered = registered or (bool(busy) and live_ms > 0)
-            if len(granted) >= quorum:
-                fences = [f for _i, f in granted]
-                fence = max(fences)
-                if fence < FENCE_FLOOR_MIN:
-                    # New counters (first use, a node that lost its data, a
-                    # lock unused for FENCE_RETENTION): the clock floor.
-                    fence = max(fence, int(time.time()) << FENCE_SHIFT)
-                # Stored on a quorum already, and no granting counter is new
-                # (a new one has no expiry yet: the commit gives it one).
-                ok = fences.count(fence) >= quorum and min(fences) >= FENCE_FLOOR_MIN
-                if not ok:
-                    # The granting nodes disagree: make the token visible on
-                    # a majority that holds the lease before anyone sees it.
-                    commits = yield Fanout(
+                    if blocking:
+                        live_ms = (
+                            _ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
+                        )
+                    results = yield Fanout(
                         [
                             (
                                 "EVALSHA",
-                                COMMIT.sha,
-                                2,
+                                ACQUIRE.sha,
+                                3,
                                 lease_key,
                                 counter_key,
+                                waiters_key,
                                 token,
-                                fence,
+                                ttl_ms,
+                                meta,
+                                live_ms,
+                                int(time.time()) << FENCE_SHIFT,
                                 self.fence_retention_ms,
                             )
-                        ]
+                        ],
+                        skip_quarantined=True,
+                        decided=self._granted_by_quorum,
                     )
+                granted: list[tuple[int, int]] = []
+                busy: list[tuple[int, int]] = []
+                failed = 0
+                for i, r in enumerate(results):
+                    if isinstance(r, _Failed):
+                        failed += 1
+                    elif first:
+                        (granted if r[0] is not None else busy).append((i, r[1]))
+                    elif r[0][0] == 1:
+                        granted.append((i, int(r[0][1])))
+                    else:
+                        busy.append((i, int(r[0][1])))
+                fast, first = first, False
+                registered = registered or (bool(busy) and live_ms > 0)
+                if len(granted) >= quorum:
+                    fences = [f for _i, f in granted]
+                    fence = max(fences)
+                    if fence < FENCE_FLOOR_MIN:
+                        # New counters (first use, a node that lost its data, a
+                        # lock unused for FENCE_RETENTION): the clock floor.
+                        fence = max(fence, int(time.time()) << FENCE_SHIFT)
+                    # Stored on a quorum already, and no granting counter is new
+                    # (a new one has no expiry yet: the commit gives it one).
                     ok = (
-                        sum(
-                            1
-                            for r in commits
-                            if not isinstance(r, _Failed) and r[0] == 1
+                        fences.count(fence) >= quorum and min(fences) >= FENCE_FLOOR_MIN
+                    )
+                    if not ok:
+                        # The granting nodes disagree: make the token visible on
+                        # a majority that holds the lease before anyone sees it.
+                        commits = yield Fanout(
+                            [
+                                (
+                                    "EVALSHA",
+                                    COMMIT.sha,
+                                    2,
+                                    lease_key,
+                                    counter_key,
+                                    token,
+                                    fence,
+                                    self.fence_retention_ms,
+                                )
+                            ]
                         )
-                        >= quorum
-                    )
-                validity = ttl - (time.monotonic() - sent) - drift
-                if ok and validity > 0:
-                    return Lease(
-                        alias=self.alias,
-                        name=name,
-                        token=token,
-                        fencing_token=fence,
-                        ttl=ttl,
-                        deadline=sent + ttl - drift,
-                    )
-            if granted or failed:
-                # Undo everywhere it may have been set: granted nodes, and
-                # failed ones (a late reply may hide a grant).
-                yield Fanout([self._release_command(keys, token)])
-            now = time.monotonic()
-            if len(granted) + len(busy) < quorum:
-                # Not enough nodes answered to decide anything.
-                no_quorum_since = no_quorum_since or now
-                if (
-                    not blocking
-                    or now >= deadline
-                    or now - no_quorum_since >= NO_QUORUM_GRACE
-                ):
-                    if registered:
-                        yield Fanout([("ZREM", waiters_key, token)])
-                    raise self._no_quorum(name, results)
-                yield Sleep(min(deadline - now, 0.05 + random.uniform(0, 0.05)))
-                continue
-            no_quorum_since = None
-            if not blocking or now >= deadline:
-                if fast:
-                    yield from self._start_new_counters(keys, granted + busy)
-                break
-            if fast and busy:
-                # Held: ask again at once with the script, which registers
-                # this caller as a waiter and tells how long the lease lasts.
-                continue
-            if not busy:
-                # Granted by a quorum but too slowly (validity) or the
-                # commit failed: try again after a random moment.
-                yield Sleep(min(deadline - now, random.uniform(0, self.retry_jitter)))
-                continue
-            # The lock is held elsewhere: sleep on the wake list of the first
-            # busy node (a release there signals it), at most until enough
-            # nodes' leases would have run out.
-            free = len(granted)
-            pttls = sorted(p for _i, p in busy)
-            need = quorum - free
-            expiry = pttls[need - 1] / 1000 if 0 < need <= len(pttls) else 0.0
-            wait = min(
-                deadline - now,
-                MAX_WAIT_SLICE,
-                max(expiry, 0.0) + 0.002 + random.uniform(0, self.retry_jitter),
-            )
-            busy_nodes = {i for i, _p in busy}
-            wake_node = next(i for i in self._wake_order(lease_key) if i in busy_nodes)
-            if wait >= 0.001:
-                popped = yield Block(wake_node, wake_key, wait)
-                if popped is False:  # the node could not block: do not spin
-                    yield Sleep(min(wait, 0.005 + random.uniform(0, 0.01)))
-            if granted:
-                # A split vote (or a holder with a bare quorum): the undo of
-                # the other side wakes us; back off a random moment so that
-                # contenders stop colliding.
+                        ok = (
+                            sum(
+                                1
+                                for r in commits
+                                if not isinstance(r, _Failed) and r[0] == 1
+                            )
+                            >= quorum
+                        )
+                    validity = ttl - (time.monotonic() - sent) - drift
+                    if ok and validity > 0:
+                        return Lease(
+                            alias=self.alias,
+                            name=name,
+                            token=token,
+                            fencing_token=fence,
+                            ttl=ttl,
+                            deadline=sent + ttl - drift,
+                        )
+                if granted or failed:
+                    # Undo everywhere it may have been set: granted nodes, and
+                    # failed ones (a late reply may hide a grant).
+                    yield Fanout([self._release_command(keys, token)])
                 now = time.monotonic()
-                yield Sleep(
-                    max(0.0, min(deadline - now, random.uniform(0, self.retry_jitter)))
+                if len(granted) + len(busy) < quorum:
+                    # Not enough nodes answered to decide anything.
+                    no_quorum_since = no_quorum_since or now
+                    if (
+                        not blocking
+                        or now >= deadline
+                        or now - no_quorum_since >= NO_QUORUM_GRACE
+                    ):
+                        if registered:
+                            yield Fanout([("ZREM", waiters_key, token)])
+                        raise self._no_quorum(name, results)
+                    yield Sleep(min(deadline - now, 0.05 + random.uniform(0, 0.05)))
+                    continue
+                no_quorum_since = None
+                if not blocking or now >= deadline:
+                    if fast:
+                        yield from self._start_new_counters(keys, granted + busy)
+                    break
+                if fast and busy:
+                    # Held: ask again at once with the script, which registers
+                    # this caller as a waiter and tells how long the lease lasts.
+                    continue
+                if not busy:
+                    # Granted by a quorum but too slowly (validity) or the
+                    # commit failed: try again after a random moment.
+                    yield Sleep(
+                        min(deadline - now, random.uniform(0, self.retry_jitter))
+                    )
+                    continue
+                # The lock is held elsewhere: sleep on the wake list of the first
+                # busy node (a release there signals it), at most until enough
+                # nodes' leases would have run out.
+                free = len(granted)
+                pttls = sorted(p for _i, p in busy)
+                need = quorum - free
+                expiry = pttls[need - 1] / 1000 if 0 < need <= len(pttls) else 0.0
+                wait = min(
+                    deadline - now,
+                    MAX_WAIT_SLICE,
+                    max(expiry, 0.0) + 0.002 + random.uniform(0, self.retry_jitter),
                 )
-        if registered:
-            yield Fanout([("ZREM", waiters_key, token)])
-        return None
+                busy_nodes = {i for i, _p in busy}
+                wake_node = next(
+                    i for i in self._wake_order(lease_key) if i in busy_nodes
+                )
+                if wait >= 0.001:
+                    popped = yield Block(wake_node, wake_key, wait)
+                    if popped is False:  # the node could not block: do not spin
+                        yield Sleep(min(wait, 0.005 + random.uniform(0, 0.01)))
+                if granted:
+                    # A split vote (or a holder with a bare quorum): the undo of
+                    # the other side wakes us; back off a random moment so that
+                    # contenders stop colliding.
+                    now = time.monotonic()
+                    yield Sleep(
+                        max(
+                            0.0,
+                            min(deadline - now, random.uniform(0, self.retry_jitter)),
+                        )
+                    )
+            if registered:
+                yield Fanout([("ZREM", waiters_key, token)])
+            return None
+        except GeneratorExit:
+            raise  # closed by the executor: no clean-up wanted (backend down)
+        except LockBackendError:
+            raise  # no quorum: a clean-up round trip would only wait again
+        except BaseException:
+            # Interrupted mid-attempt (a cancelled task, KeyboardInterrupt):
+            # a node may hold a lease of ours that we never heard of, and a
+            # waiter record of ours would be handed the lock by the next
+            # release. Undo both (best effort; the executor re-raises).
+            yield Fanout(
+                [("ZREM", waiters_key, token), self._release_command(keys, token)]
+            )
+            raise
 
     def _start_new_counters(
         self, keys: tuple[str, str, str, str], answers: list[tuple[int, int]]

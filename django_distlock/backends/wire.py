@@ -28,6 +28,7 @@ from .wakeup import Wakeup
 
 __all__ = [
     "Replies",
+    "close_now",
     "kernel_timeouts",
     "pack",
     "readable",
@@ -92,6 +93,20 @@ def read_replies(
             raise ConnectionResetError("connection closed by the server")
         reader.feed(buffer, 0, received)
     return replies
+
+
+def close_now(conn) -> None:
+    """Close a ``redis.asyncio`` connection at once, without awaiting.
+
+    Safe in a task being cancelled: the connection is never used again, so
+    an unread reply on it can never be taken for another command's. (Its
+    ``disconnect()`` would wait for the stream protocol that :class:`Replies`
+    replaced, which is never told of the close.)
+    """
+    try:
+        conn._close()  # redis-py's own no-wait close of the transport
+    except Exception:  # noqa: S110 - the loop may be closed: nothing to do
+        pass
 
 
 def pack(conn, commands: list[tuple]) -> bytes:
@@ -178,6 +193,9 @@ class Replies(asyncio.Protocol):
             self.poll.register(sock, select.POLLIN)
         self.error: BaseException | None = None
         self.waiter: Wakeup | None = None
+        #: Replies to commands sent earlier that nobody will ask for: whoever
+        #: reads next drops them first (see the Redlock executor).
+        self.owed = 0
 
     @classmethod
     def take_over(cls, conn) -> Replies | None:
@@ -210,6 +228,16 @@ class Replies(asyncio.Protocol):
             or bool(self.reader.has_data())
             or (self.poll is not None and bool(self.poll.poll(0)))
         )
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (packed commands) on the connection."""
+        self.transport.write(data)
+
+    def take(self, count: int) -> list | None:
+        """Return the next ``count`` replies if they are all in, else None
+        (and the connection must not be used again: some may be consumed)."""
+        replies: list = []
+        return replies if _collect(self.reader, replies, count) else None
 
     async def read(self, count: int) -> list:
         """Return the next ``count`` replies (error replies as values)."""
