@@ -905,66 +905,6 @@ class RedisLockBackend(StepsBackend):
         except redis.exceptions.RedisError as e:
             raise self._error(e, kind) from e
 
-    def _run(self, steps: Generator[Command, Any, Any]) -> Any:
-        result = None
-        while True:
-            try:
-                command = steps.send(result)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                result = self._execute(command)
-            except BaseException as exc:
-                self._unwind(steps, exc)
-                raise
-
-    def _unwind(self, steps: Generator[Command, Any, Any], exc: BaseException) -> None:
-        """Let the algorithm clean up after ``exc`` (best effort), e.g. a waiter
-        interrupted while queued leaves the queue, so the lock is never handed
-        to a caller that is gone. Backend errors get no clean-up round trip: a
-        dead or paused server must fail fast, and queue records expire anyway.
-        """
-        if isinstance(exc, LockBackendError):
-            steps.close()
-            return
-        try:
-            command = steps.throw(exc)
-            while True:
-                command = steps.send(self._execute(command))
-        except BaseException:  # noqa: S110 - the original exception is raised
-            pass
-        finally:
-            steps.close()
-
-    async def _arun(self, steps: Generator[Command, Any, Any]) -> Any:
-        result = None
-        while True:
-            try:
-                command = steps.send(result)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                result = await self._aexecute(command)
-            except BaseException as exc:
-                await self._aunwind(steps, exc)
-                raise
-
-    async def _aunwind(
-        self, steps: Generator[Command, Any, Any], exc: BaseException
-    ) -> None:
-        """Async twin of :meth:`_unwind` (runs after a task's cancellation too)."""
-        if isinstance(exc, LockBackendError):
-            steps.close()
-            return
-        try:
-            command = steps.throw(exc)
-            while True:
-                command = steps.send(await self._aexecute(command))
-        except BaseException:  # noqa: S110 - the original exception is raised
-            pass
-        finally:
-            steps.close()
-
     # -- the algorithm, as command generators -----------------------------
 
     def keys_for(self, name: str) -> LockKeys:

@@ -606,39 +606,13 @@ class RedlockBackend(StepsBackend):
             self._drop(i, conn, wire.timed_out(e))
             return False
 
-    def _step(self, step: Fanout | Block | Sleep) -> Any:
+    def _execute(self, step: Fanout | Block | Sleep) -> Any:
         if isinstance(step, Fanout):
             return self._fanout(step)
         if isinstance(step, Block):
             return self._block(step)
         time.sleep(step.seconds)
         return None
-
-    def _run(self, steps: Generator) -> Any:
-        result = None
-        while True:
-            try:
-                step = steps.send(result)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                result = self._step(step)
-            except BaseException as exc:
-                self._unwind(steps, exc)
-                raise
-
-    def _unwind(self, steps: Generator, exc: BaseException) -> None:
-        """Let the algorithm clean up after ``exc`` (best effort): an
-        acquisition interrupted mid-step undoes what the nodes may have
-        granted it and leaves the waiters' queue."""
-        try:
-            step = steps.throw(exc)
-            while True:
-                step = steps.send(self._step(step))
-        except BaseException:  # noqa: S110 - the original exception is raised
-            pass
-        finally:
-            steps.close()
 
     # -- the asyncio executor ----------------------------------------------
     #
@@ -832,41 +806,13 @@ class RedlockBackend(StepsBackend):
         self._aput(idle, conn)
         return reply
 
-    async def _astep(self, step: Fanout | Block | Sleep) -> Any:
-        if isinstance(step, Fanout):
+    async def _aexecute(self, step: Fanout | Block | Sleep) -> Any:
+        if type(step) is Fanout:
             return await self._afanout(step)
         if isinstance(step, Block):
             return await self._ablock(step)
         await asyncio.sleep(step.seconds)
         return None
-
-    async def _arun(self, steps: Generator) -> Any:
-        result = None
-        while True:
-            try:
-                step = steps.send(result)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                if type(step) is Fanout:  # the common case, without _astep
-                    result = await self._afanout(step)
-                else:
-                    result = await self._astep(step)
-            except BaseException as exc:
-                await self._aunwind(steps, exc)
-                raise
-
-    async def _aunwind(self, steps: Generator, exc: BaseException) -> None:
-        """Async twin of :meth:`_unwind` (runs after a task's cancellation
-        too)."""
-        try:
-            step = steps.throw(exc)
-            while True:
-                step = steps.send(await self._astep(step))
-        except BaseException:  # noqa: S110 - the original exception is raised
-            pass
-        finally:
-            steps.close()
 
     # -- the algorithm, as step generators ---------------------------------
 

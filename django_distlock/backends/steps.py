@@ -2,9 +2,12 @@
 
 Each operation is a generator (``_acquire_steps``, ``_release_steps``,
 ``_extend_steps``, ``_is_held_steps``) that yields the commands it needs and
-receives their replies; it knows nothing of sockets. A synchronous executor
-(``_run``) and an asyncio executor (``_arun``) drive the same generators, so
-the sync and async paths cannot drift apart.
+receives their replies; it knows nothing of sockets. A synchronous driver
+(``_run``) and an asyncio driver (``_arun``) run the same generators, so the
+sync and async paths cannot drift apart; a subclass carries out one step
+(``_execute``, ``_aexecute``). An exception in a step (a cancelled task,
+``KeyboardInterrupt``) is thrown into the generator, which may yield clean-up
+steps before it goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import markcoroutinefunction
 
+from ..exceptions import LockBackendError
 from .base import BaseLockBackend, Lease
 
 __all__ = ["StepsBackend"]
@@ -24,13 +28,73 @@ Steps = Generator[Any, Any, Any]
 class StepsBackend(BaseLockBackend):
     """A lock backend driven by command generators (see the module docstring)."""
 
+    def _execute(self, step: Any) -> Any:
+        """Carry out one step the algorithm yielded; return what it answers."""
+        raise NotImplementedError("subclasses of StepsBackend must provide _execute()")
+
+    async def _aexecute(self, step: Any) -> Any:
+        """Async twin of :meth:`_execute`."""
+        raise NotImplementedError("subclasses of StepsBackend must provide _aexecute()")
+
     def _run(self, steps: Steps) -> Any:
         """Drive ``steps`` to completion synchronously; return its result."""
-        raise NotImplementedError("subclasses of StepsBackend must provide _run()")
+        result = None
+        while True:
+            try:
+                step = steps.send(result)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result = self._execute(step)
+            except BaseException as exc:
+                self._unwind(steps, exc)
+                raise
+
+    def _unwind(self, steps: Steps, exc: BaseException) -> None:
+        """Let the algorithm clean up after ``exc`` (best effort), e.g. a waiter
+        interrupted while queued leaves the queue, so the lock is never handed
+        to a caller that is gone. Backend errors get no clean-up round trip: a
+        dead or paused server must fail fast, and queue records expire anyway.
+        """
+        if isinstance(exc, LockBackendError):
+            steps.close()
+            return
+        try:
+            step = steps.throw(exc)
+            while True:
+                step = steps.send(self._execute(step))
+        except BaseException:  # noqa: S110 - the original exception is raised
+            pass
+        finally:
+            steps.close()
 
     async def _arun(self, steps: Steps) -> Any:
         """Drive ``steps`` to completion on the running event loop."""
-        raise NotImplementedError("subclasses of StepsBackend must provide _arun()")
+        result = None
+        while True:
+            try:
+                step = steps.send(result)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result = await self._aexecute(step)
+            except BaseException as exc:
+                await self._aunwind(steps, exc)
+                raise
+
+    async def _aunwind(self, steps: Steps, exc: BaseException) -> None:
+        """Async twin of :meth:`_unwind` (runs after a task's cancellation too)."""
+        if isinstance(exc, LockBackendError):
+            steps.close()
+            return
+        try:
+            step = steps.throw(exc)
+            while True:
+                step = steps.send(await self._aexecute(step))
+        except BaseException:  # noqa: S110 - the original exception is raised
+            pass
+        finally:
+            steps.close()
 
     def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
         return self._run(self._acquire_steps(name, ttl, timeout))
