@@ -8,6 +8,7 @@ reset.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
@@ -127,10 +128,19 @@ class Command(BaseCommand):
         backends = self.backends(using)
         failed: list[str] = []
         rows = self.holders(backends, prefix, failed)
-        if fmt == "json":
-            self.write_json(rows)
-        else:
-            self.write_table(rows)
+        # A listing allocates a few objects per lease and frees few until it
+        # ends: the cyclic garbage collector would scan them again and again
+        # (10-15% of the time at 100,000 leases), for cycles it cannot find.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            if fmt == "json":
+                self.write_json(rows)
+            else:
+                self.write_table(rows)
+        finally:
+            if collecting:
+                gc.enable()
 
     def write_json(self, rows: Iterable[Holder]) -> None:
         # Streamed in chunks: 100,000 holders need not sit in memory as one
@@ -154,22 +164,28 @@ class Command(BaseCommand):
         head = ("BACKEND", "NAME", "HOLDER", "ACQUIRED AT", "EXPIRES AT", "FENCE")
         width = TABLE_NAME_WIDTH
         aliases: dict[str, str] = {}
+        holders: dict[tuple, str] = {}  # a few processes hold most leases
         lines = []
         append = lines.append
         for h in rows:
-            backend = aliases.get(h.backend)
+            # Holder's slots rather than its properties: 100,000 rows.
+            backend = aliases.get(h._backend)
             if backend is None:
-                backend = aliases[h.backend] = printable(h.backend)
-            name = h.name
+                backend = aliases[h._backend] = printable(h._backend)
+            name = h._name
             if len(name) > width or not name.isprintable():
                 name = printable(name, width)
-            holder = h.holder
-            if not holder.isprintable():
-                holder = printable(holder)
+            identity = (h._host, h._pid, h._thread)
+            holder = holders.get(identity)
+            if holder is None:
+                holder = h.holder
+                if not holder.isprintable():
+                    holder = printable(holder)
+                holders[identity] = holder
             acquired, expires = h.isoformat(timespec="seconds")
             if expires is not None:
                 expires = f"{expires} (in {h.expires_ts - now:.1f}s)"
-            fence = h.fencing_token
+            fence = h._fencing_token
             append(
                 (
                     backend,
