@@ -199,18 +199,24 @@ class Command(BaseCommand):
         if not lines:
             self.stdout.write("No locks are held.")
             return
-        # Measured before sorting, while the rows are still in memory order.
+        # Measured before sorting, while the rows are still in memory order;
+        # the backend and holder columns from their few distinct values, and
+        # not the last column (digits or "-"): it is not padded, so no line
+        # ends in spaces.
+        distinct = {0: aliases.values(), 2: holders.values()}
         widths = [
-            max(len(head[i]), max(map(len, map(itemgetter(i), lines))))
-            for i in range(len(head))
+            max(
+                len(head[i]),
+                max(map(len, distinct.get(i) or map(itemgetter(i), lines))),
+            )
+            for i in range(len(head) - 1)
         ]
         # By backend, then name: two stable sorts on plain strings are
         # several times faster than one on (backend, name) tuples.
         lines.sort(key=itemgetter(1))
-        lines.sort(key=itemgetter(0))
-        # Left-aligned columns; the last one (digits or "-") is not padded,
-        # so no line ends in spaces.
-        fmt = "  ".join(f"%-{w}s" for w in widths[:-1]) + "  %s"
+        if len(aliases) > 1:
+            lines.sort(key=itemgetter(0))
+        fmt = "  ".join(f"%-{w}s" for w in widths) + "  %s"
         self.stdout.write(fmt % head)
         for start in range(0, len(lines), CHUNK):
             self.stdout.write(
