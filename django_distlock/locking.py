@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
@@ -14,7 +13,7 @@ from inspect import iscoroutinefunction
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from .backends.base import BaseLockBackend, Lease
+from .backends.base import BaseLockBackend, Lease, running_task
 from .exceptions import LockLost, LockNotAcquired, LockNotHeld
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .signals import lock_acquired, lock_contended, lock_released
@@ -48,8 +47,7 @@ _held_by: WeakKeyDictionary = WeakKeyDictionary()
 
 def _caller() -> tuple[int, int]:
     """Return (thread ident, id of the running asyncio task or 0)."""
-    loop = asyncio._get_running_loop()
-    task = asyncio.current_task(loop) if loop is not None else None
+    task = running_task()
     return threading.get_ident(), id(task) if task is not None else 0
 
 

@@ -61,14 +61,17 @@ def new_token() -> str:
     return secrets.token_urlsafe(16)
 
 
-def current_task_name() -> str | None:
-    """Return the name of the running asyncio task, or None outside one."""
+def running_task() -> asyncio.Task | None:
+    """Return the running asyncio task, or None outside one."""
     # _get_running_loop() answers None outside a loop where current_task()
     # would raise: no exception on the synchronous path.
     loop = asyncio._get_running_loop()
-    if loop is None:
-        return None
-    task = asyncio.current_task(loop)
+    return None if loop is None else asyncio.current_task(loop)
+
+
+def current_task_name() -> str | None:
+    """Return the name of the running asyncio task, or None outside one."""
+    task = running_task()
     return task.get_name() if task is not None else None
 
 

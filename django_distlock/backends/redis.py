@@ -134,9 +134,6 @@ def _timed_out(entry: list, exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError)
 
 
-_adrop = wire.close_now
-
-
 #: One lease's reads for a listing: HMGET of its fields, then PTTL (RESP,
 #: the key twice).
 _LIST_READ = (
@@ -574,7 +571,7 @@ class RedisLockBackend(StepsBackend):
         if self._aloops_pid == current_pid():
             for conns in list(self._aloops.values()):
                 for conn in conns.idle:
-                    _adrop(conn)
+                    wire.close_now(conn)
         self._reset_async_pool()
 
     # -- executors --------------------------------------------------------
@@ -767,24 +764,23 @@ class RedisLockBackend(StepsBackend):
         return lambda args: b"".join(packer.pack_command(*args))
 
     async def _aready(self, conn) -> wire.Replies | None:
-        """Connect ``conn``, or reconnect it if it went stale while idle.
+        """Connect ``conn``, or reconnect it if it went stale while idle (for
+        a connection :func:`.wire.ready_replies` did not answer for).
 
         Return the :class:`~.wire.Replies` that reads its replies, or None
         (no hiredis) when redis-py's parser does.
         """
-        replies = conn.__dict__.get("_distlock_replies")
         if conn.is_connected:
-            if replies is not None:
-                if not replies.stale():
-                    return replies
-            elif not await conn.can_read():
-                return None
+            if "_distlock_replies" not in conn.__dict__:
+                # No hiredis: redis-py's parser reads, and says itself
+                # whether the stream is still clean.
+                if not await conn.can_read():
+                    return None
             # Closed by the server since last use, or unread data: the
             # stream is not ours any more.
             await conn.disconnect(nowait=True)
         await conn.connect()  # a refusal is raised once: no retries
-        replies = conn._distlock_replies = wire.Replies.take_over(conn)
-        return replies
+        return wire.Replies.take_over(conn)
 
     def _atimeout_for(self, conn) -> float | None:
         timeout = self._aspec[2]
@@ -797,14 +793,14 @@ class RedisLockBackend(StepsBackend):
         if len(conns.idle) < MAX_IDLE_CONNECTIONS:
             conns.idle.append(conn)
         else:
-            _adrop(conn)
+            wire.close_now(conn)
 
     @staticmethod
     def _afailed(conn, entry: list, exc: BaseException):
         """Drop ``conn``; return the redis-py error to raise for ``exc``, if any."""
         import redis
 
-        _adrop(conn)
+        wire.close_now(conn)
         if _timed_out(entry, exc):
             return redis.exceptions.TimeoutError("Timeout waiting for Redis")
         if isinstance(exc, OSError):
@@ -847,8 +843,8 @@ class RedisLockBackend(StepsBackend):
             entry = conns.watch(loop, conn, self._atimeout_for(conn))
         replies: list = []
         try:
-            reader = conn.__dict__.get("_distlock_replies")
-            if reader is None or not conn.is_connected or reader.stale():
+            reader = wire.ready_replies(conn)
+            if reader is None:
                 reader = await self._aready(conn)
             pack = self._apack
             if reader is not None:

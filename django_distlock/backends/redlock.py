@@ -116,6 +116,15 @@ class Fanout:
 _UNREAD = _Failed("not read: the step was decided without this node")
 
 
+def _lost_scripts(result: object) -> bool:
+    """Whether a node's ``result`` says it forgot our scripts (NOSCRIPT)."""
+    import redis
+
+    return isinstance(result, _Failed) and isinstance(
+        result.error, redis.exceptions.NoScriptError
+    )
+
+
 @dataclass
 class Block:
     """A step: BLPOP ``key`` on node ``node`` for up to ``seconds``.
@@ -549,11 +558,9 @@ class RedlockBackend(StepsBackend):
                 results[i] = _Failed(e)
                 continue
             conn._distlock_owed = 0
-            if owed or prelude:
-                if prelude:
-                    self.nodes[i].seen(replies[owed], self.restart_delay)
-                replies = replies[owed + prelude :]
-            results[i] = self._checked(i, conn, step, replies)
+            results[i] = self._verdict(i, step, replies, owed, prelude)
+            if _lost_scripts(results[i]):
+                conn.disconnect()  # reconnecting reloads the scripts
             if decided is not None and k + 1 < len(sent) and decided(results):
                 for j, later, later_prelude in sent[k + 1 :]:
                     later._distlock_owed = (
@@ -563,19 +570,23 @@ class RedlockBackend(StepsBackend):
                 break
         return results
 
-    def _checked(self, i: int, conn, step: Fanout, replies: list):
-        """Return a node's replies to ``step``, or _Failed if they do not count."""
+    def _verdict(
+        self, i: int, step: Fanout, replies: list, owed: int, prelude: int
+    ) -> list | _Failed:
+        """Return node ``i``'s answer to ``step`` from all it replied (both
+        executors): the ``owed`` replies of an earlier step are dropped, a
+        new connection's ``prelude`` records the node's identity, and an
+        error reply or a node restarted too recently does not count."""
         import redis
 
+        node = self.nodes[i]
+        if prelude:
+            node.seen(replies[owed], self.restart_delay)
+        if owed or prelude:
+            replies = replies[owed + prelude :]
         for reply in replies:
             if isinstance(reply, redis.exceptions.ResponseError):
-                if isinstance(reply, redis.exceptions.NoScriptError):
-                    conn.disconnect()  # reconnecting reloads the scripts
                 return _Failed(reply)
-        return self._unless_quarantined(self.nodes[i], step, replies)
-
-    @staticmethod
-    def _unless_quarantined(node: _Node, step: Fanout, replies: list):
         # The restart may have been noticed by this very step (the INFO went
         # out with the command): its vote must not count either.
         if step.skip_quarantined and node.quarantine_until > time.monotonic():
@@ -658,18 +669,6 @@ class RedlockBackend(StepsBackend):
         if error is not None:
             self.nodes[i].fail(wire.timed_out(error), error)
 
-    @staticmethod
-    def _aready_now(conn, replies) -> bool:
-        """Whether ``conn`` can take a step as it is: connected, and not
-        gone stale while idle (closed by a restarted server, or holding
-        bytes nobody asked for; replies it owes are expected)."""
-        return (
-            replies is not None
-            and conn.is_connected
-            and replies.error is None
-            and (replies.owed > 0 or not replies.stale())
-        )
-
     async def _aconnect(self, conn) -> tuple[Any, int]:
         """Connect ``conn`` afresh; return its reader and how many prelude
         replies come first (a new connection sends the prelude with its
@@ -678,8 +677,9 @@ class RedlockBackend(StepsBackend):
             wire.close_now(conn)
         async with asyncio.timeout(self.connect_timeout):
             await conn.connect()
-        replies = wire.Replies.take_over(conn) or _StreamReplies(conn)
-        conn._distlock_replies = replies
+        replies = wire.Replies.take_over(conn)
+        if replies is None:
+            replies = conn._distlock_replies = _StreamReplies(conn)
         return replies, self._prelude_len
 
     def _asettle(
@@ -690,21 +690,13 @@ class RedlockBackend(StepsBackend):
         The connection goes back to ``idle`` (unless a lost script cache
         means it must reconnect).
         """
-        import redis
-
         owed, reader.owed = reader.owed, 0
-        if prelude:
-            self.nodes[i].seen(replies[owed], self.restart_delay)
-        replies = replies[owed + prelude :]
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.ResponseError):
-                if isinstance(reply, redis.exceptions.NoScriptError):
-                    wire.close_now(conn)  # reconnecting reloads the scripts
-                else:
-                    self._aput(idle, conn)
-                return _Failed(reply)
-        self._aput(idle, conn)
-        return self._unless_quarantined(self.nodes[i], step, replies)
+        result = self._verdict(i, step, replies, owed, prelude)
+        if _lost_scripts(result):
+            wire.close_now(conn)  # reconnecting reloads the scripts
+        else:
+            self._aput(idle, conn)
+        return result
 
     async def _afanout(self, step: Fanout) -> list:
         import redis
@@ -717,8 +709,8 @@ class RedlockBackend(StepsBackend):
         try:
             for i in targets:
                 conn = free[i].pop() if free[i] else self._anew_conn(i)
-                reader, prelude = conn.__dict__.get("_distlock_replies"), 0
-                if not self._aready_now(conn, reader):
+                reader, prelude = wire.ready_replies(conn), 0
+                if reader is None:
                     try:
                         reader, prelude = await self._aconnect(conn)
                     except (redis.exceptions.RedisError, OSError) as e:

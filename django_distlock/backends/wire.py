@@ -33,6 +33,7 @@ __all__ = [
     "pack",
     "readable",
     "read_replies",
+    "ready_replies",
     "timed_out",
 ]
 
@@ -107,6 +108,16 @@ def close_now(conn) -> None:
         conn._close()  # redis-py's own no-wait close of the transport
     except Exception:  # noqa: S110 - the loop may be closed: nothing to do
         pass
+
+
+def ready_replies(conn):
+    """Return the reader of ``conn``'s replies if ``conn`` can take a command
+    as it is: connected, and not gone stale while idle (closed by the
+    server, or holding bytes nobody asked for). None: connect it afresh."""
+    replies = conn.__dict__.get("_distlock_replies")
+    if replies is None or not conn.is_connected or replies.stale():
+        return None
+    return replies
 
 
 def pack(conn, commands: list[tuple]) -> bytes:
@@ -199,7 +210,8 @@ class Replies(asyncio.Protocol):
 
     @classmethod
     def take_over(cls, conn) -> Replies | None:
-        """Put a Replies on ``conn``'s new transport; None without hiredis."""
+        """Put a Replies on ``conn``'s new transport (and on ``conn``, for
+        :func:`ready_replies`); None without hiredis."""
         reader = getattr(conn._parser, "_reader", None)
         if reader is None:
             return None
@@ -215,18 +227,22 @@ class Replies(asyncio.Protocol):
             reader.feed(bytes(stream._buffer))
             stream._buffer.clear()
         transport.set_protocol(replies)
+        conn._distlock_replies = replies
         return replies
 
     def stale(self) -> bool:
-        """Whether the connection closed, or holds bytes nobody asked for.
+        """Whether the connection closed, or holds bytes nobody asked for
+        (while it owes replies, bytes are expected).
 
         Also asks the socket itself (one poll): the loop may not have run
         since the server closed it, or since a stray reply arrived.
         """
-        return (
-            self.error is not None
-            or bool(self.reader.has_data())
-            or (self.poll is not None and bool(self.poll.poll(0)))
+        if self.error is not None:
+            return True
+        if self.owed:
+            return False
+        return bool(self.reader.has_data()) or (
+            self.poll is not None and bool(self.poll.poll(0))
         )
 
     def write(self, data: bytes) -> None:
