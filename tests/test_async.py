@@ -341,6 +341,35 @@ def test_server_restarted_between_commands_is_reconnected(own_server):
         assert asyncio.run(scenario()) >= 1
 
 
+def test_reconnecting_a_stale_connection_gets_the_connect_timeout(
+    own_server, monkeypatch
+):
+    """An idle connection gone stale is reconnected within the command's
+    deadline plus the connect timeout, as a brand-new one would be."""
+
+    async def scenario():
+        backend = locks["default"]
+        async with lock("x"):
+            pass
+        own_server.restart()
+        await asyncio.sleep(0.1)
+        [conn] = backend._aloop()[1].idle
+        connect = type(conn).connect
+
+        async def slow_connect(self):
+            await asyncio.sleep(0.4)  # longer than SOCKET_TIMEOUT alone
+            await connect(self)
+
+        monkeypatch.setattr(type(conn), "connect", slow_connect)
+        async with lock("x") as held:
+            return held.fencing_token
+
+    with override_settings(
+        LOCKS=_own_locks(own_server.url, SOCKET_TIMEOUT=0.3, SOCKET_CONNECT_TIMEOUT=1.0)
+    ):
+        assert asyncio.run(scenario()) >= 1
+
+
 def test_paused_server_times_out_within_the_socket_timeout(own_server):
     async def scenario():
         async with lock("warm", timeout=0):

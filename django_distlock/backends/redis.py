@@ -782,9 +782,10 @@ class RedisLockBackend(StepsBackend):
         await conn.connect()  # a refusal is raised once: no retries
         return wire.Replies.take_over(conn)
 
-    def _atimeout_for(self, conn) -> float | None:
+    def _atimeout_for(self) -> float | None:
+        """The deadline of a command that must connect first."""
         timeout = self._aspec[2]
-        if timeout is not None and not conn.is_connected:
+        if timeout is not None:
             timeout += self.connect_timeout
         return timeout
 
@@ -837,13 +838,16 @@ class RedisLockBackend(StepsBackend):
         loop, conns = self._aloop()
         if conns.idle:  # connected (checked in after a command went well)
             conn = conns.idle.pop()
-            entry = conns.watch(loop, conn, self._aspec[2])
+            reader = wire.ready_replies(conn)
         else:
             conn = self._anew_connection()
-            entry = conns.watch(loop, conn, self._atimeout_for(conn))
+            reader = None
+        # A connection to (re)connect first gets the connect timeout too.
+        entry = conns.watch(
+            loop, conn, self._aspec[2] if reader is not None else self._atimeout_for()
+        )
         replies: list = []
         try:
-            reader = wire.ready_replies(conn)
             if reader is None:
                 reader = await self._aready(conn)
             pack = self._apack
