@@ -99,7 +99,8 @@ class Fanout:
     :class:`_Failed`. ``skip_quarantined`` leaves out nodes that restarted
     too recently to be trusted with a new lease; ``force`` asks nodes even
     while they are marked down. ``decided``, given the results so far, says
-    whether the step has succeeded already: the sync executor then stops
+    whether the step has succeeded already (it is asked only once a quorum
+    of nodes answered: it counts a quorum's agreement); the executor then stops
     reading (the remaining nodes answer :data:`_UNREAD`; their replies are
     read and dropped with the connection's next use), so a step waits for
     the quorum's slowest node, not for the slowest of all.
@@ -118,11 +119,11 @@ _UNREAD = _Failed("not read: the step was decided without this node")
 
 def _lost_scripts(result: object) -> bool:
     """Whether a node's ``result`` says it forgot our scripts (NOSCRIPT)."""
+    if not isinstance(result, _Failed):
+        return False
     import redis
 
-    return isinstance(result, _Failed) and isinstance(
-        result.error, redis.exceptions.NoScriptError
-    )
+    return isinstance(result.error, redis.exceptions.NoScriptError)
 
 
 @dataclass
@@ -546,6 +547,7 @@ class RedlockBackend(StepsBackend):
         count = len(step.commands)
         slack = self.node_timeout / 2
         decided = step.decided
+        quorum = self.quorum
         for k, (i, conn, prelude) in enumerate(sent):
             # Replies owed from a step decided without this node come first.
             owed = conn.__dict__.get("_distlock_owed", 0)
@@ -561,7 +563,7 @@ class RedlockBackend(StepsBackend):
             results[i] = self._verdict(i, step, replies, owed, prelude)
             if _lost_scripts(results[i]):
                 conn.disconnect()  # reconnecting reloads the scripts
-            if decided is not None and k + 1 < len(sent) and decided(results):
+            if decided is not None and quorum <= k + 1 < len(sent) and decided(results):
                 for j, later, later_prelude in sent[k + 1 :]:
                     later._distlock_owed = (
                         later.__dict__.get("_distlock_owed", 0) + later_prelude + count
@@ -577,15 +579,13 @@ class RedlockBackend(StepsBackend):
         executors): the ``owed`` replies of an earlier step are dropped, a
         new connection's ``prelude`` records the node's identity, and an
         error reply or a node restarted too recently does not count."""
-        import redis
-
         node = self.nodes[i]
         if prelude:
             node.seen(replies[owed], self.restart_delay)
         if owed or prelude:
             replies = replies[owed + prelude :]
         for reply in replies:
-            if isinstance(reply, redis.exceptions.ResponseError):
+            if isinstance(reply, Exception):  # an error reply (ResponseError)
                 return _Failed(reply)
         # The restart may have been noticed by this very step (the INFO went
         # out with the command): its vote must not count either.
@@ -727,6 +727,8 @@ class RedlockBackend(StepsBackend):
             # Read in sending order under one deadline for the whole step (a
             # stopped node costs one NODE_TIMEOUT, however many are stopped).
             decided = step.decided
+            # Nodes that may answer before the step is decided (see Fanout).
+            undecided = len(pending) - self.quorum
             try:
                 async with asyncio.timeout(self.node_timeout):
                     while pending:
@@ -742,7 +744,11 @@ class RedlockBackend(StepsBackend):
                         results[i] = self._asettle(
                             i, free[i], conn, reader, prelude, replies, step
                         )
-                        if pending and decided is not None and decided(results):
+                        if (
+                            decided is not None
+                            and 0 < len(pending) <= undecided
+                            and decided(results)
+                        ):
                             for j, later, later_reader, later_prelude in pending:
                                 later_reader.owed += later_prelude + count
                                 results[j] = _UNREAD

@@ -138,7 +138,7 @@ def readable(sock, seconds: float) -> bool:
 def _collect(reader, replies: list, count: int) -> bool:
     """Move the complete replies ``reader`` holds into ``replies``, up to
     ``count`` in all; return whether there are ``count`` now."""
-    pending = _not_enough_data()
+    pending = _NOT_ENOUGH_DATA or _not_enough_data()
     while len(replies) < count:
         reply = reader.gets()
         if reply is pending:
@@ -147,11 +147,16 @@ def _collect(reader, replies: list, count: int) -> bool:
     return True
 
 
-@functools.cache
+#: What redis-py's hiredis reader answers while a reply is incomplete (read
+#: on first use: importing redis-py is left to the backends that need it).
+_NOT_ENOUGH_DATA = None
+
+
 def _not_enough_data() -> object:
-    # What redis-py's hiredis reader answers while a reply is incomplete.
+    global _NOT_ENOUGH_DATA
     from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
+    _NOT_ENOUGH_DATA = NOT_ENOUGH_DATA
     return NOT_ENOUGH_DATA
 
 
