@@ -1,12 +1,16 @@
-"""Renew held leases in the background: one loop per process, for every lease.
+"""Renew held leases in the background: one loop per alias, for all its leases.
 
 A lease is renewed when a third of its TTL has passed (when no more than two
 thirds of it remain). A renewal that finds the lease gone marks it lost and
 sends ``lock_lost``; a renewal that cannot reach the backend is retried until
 the lease would have expired, and then the lease is lost too.
 
-Leases acquired from threads are renewed by one daemon thread; leases acquired
-with ``aacquire`` by one task per event loop. Neither keeps a lease alive after
+Leases acquired from threads are renewed by a daemon thread, leases acquired
+with ``aacquire`` by a task of their event loop: one thread (one task per
+loop) for each ``LOCKS`` alias with leases to renew, so that a backend that
+stalls (a paused server holds each renewal for up to its socket timeout)
+delays its own renewals only, never a short lease on another alias. Neither
+keeps a lease alive after
 its :class:`~django_distlock.locks.Lock` is garbage collected (weak
 references), and a forked child starts with nothing to renew: it cannot renew
 its parent's leases.
@@ -119,8 +123,8 @@ class _Schedule:
                 self.entries[id(lease)] = (backend, weakref.ref(lease), retry, retry)
 
 
-class ThreadWatchdog:
-    """The renewal thread of this process (started on first use)."""
+class _ThreadLane:
+    """The renewal thread of one alias (started on first use)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -170,8 +174,8 @@ class ThreadWatchdog:
                     self._schedule.settle(backend, leases, results)
 
 
-class AsyncWatchdog:
-    """The renewal task of one event loop (started on first use).
+class _AsyncLane:
+    """The renewal task of one alias on one event loop (started on first use).
 
     Like the renewal thread, the task wakes at least every ``IDLE_TICK``
     seconds while it has leases, so that registering a lease due later than
@@ -243,6 +247,71 @@ class AsyncWatchdog:
                 self._schedule.settle(backend, leases, results)
 
 
+class ThreadWatchdog:
+    """The renewal threads of this process: one per alias, started when the
+    alias first has a lease to renew (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, _ThreadLane] = {}
+        self._lock = threading.Lock()
+
+    def _lane(self, alias: str) -> _ThreadLane:
+        lane = self._lanes.get(alias)
+        if lane is None:
+            with self._lock:
+                lane = self._lanes.get(alias)
+                if lane is None:
+                    lane = self._lanes[alias] = _ThreadLane()
+        return lane
+
+    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
+        """Start renewing ``lease`` until :meth:`unregister`."""
+        self._lane(backend.alias).register(backend, lease)
+
+    def unregister(self, lease: Lease) -> None:
+        """Stop renewing ``lease``."""
+        lane = self._lanes.get(lease.alias)
+        if lane is not None:
+            lane.unregister(lease)
+
+    def renewing(self, lease: Lease) -> bool:
+        """Whether ``lease`` is on this watchdog's schedule."""
+        lane = self._lanes.get(lease.alias)
+        return lane is not None and id(lease) in lane._schedule.entries
+
+    def __len__(self) -> int:
+        return sum(len(lane) for lane in list(self._lanes.values()))
+
+
+class AsyncWatchdog:
+    """The renewal tasks of one event loop: one per alias, started when the
+    alias first has a lease to renew on this loop."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, _AsyncLane] = {}
+
+    def _lane(self, alias: str) -> _AsyncLane:
+        lane = self._lanes.get(alias)
+        if lane is None:
+            lane = self._lanes[alias] = _AsyncLane()
+        return lane
+
+    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
+        """Start renewing ``lease`` until :meth:`unregister`."""
+        self._lane(backend.alias).register(backend, lease)
+
+    def unregister(self, lease: Lease) -> None:
+        """Stop renewing ``lease``."""
+        lane = self._lanes.get(lease.alias)
+        if lane is not None:
+            lane.unregister(lease)
+
+    def renewing(self, lease: Lease) -> bool:
+        """Whether ``lease`` is on this watchdog's schedule."""
+        lane = self._lanes.get(lease.alias)
+        return lane is not None and id(lease) in lane._schedule.entries
+
+
 def _wake(waiter: asyncio.Future | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
@@ -271,5 +340,5 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_watchdog() -> ThreadWatchdog:
-    """Return this process's renewal thread (fork-aware)."""
+    """Return this process's renewal threads (fork-aware)."""
     return watchdog

@@ -72,7 +72,7 @@ def test_async_renewal_runs_as_a_task_of_the_loop():
         async with lock("x", ttl=TTL) as held:
             assert len(watchdog_tasks()) == 1
             # Not the renewal thread's job:
-            assert id(held.lease) not in get_watchdog()._schedule.entries
+            assert not get_watchdog().renewing(held.lease)
             await asyncio.sleep(TTL * 3)
             assert await held.alocked()
             assert not await lock("x", timeout=0).aacquire()
@@ -498,7 +498,7 @@ def test_async_renewal_does_not_wake_the_task_per_acquisition(redis_url):
         async with lock("first", ttl=30) as first:
             assert first.lease is not None
             await asyncio.sleep(0.01)  # the renewal task is asleep now
-            dog = async_watchdog()
+            dog = async_watchdog()._lane("default")
             waiter = dog._waiter
             assert waiter is not None and not waiter.done()
             for i in range(20):
@@ -519,7 +519,7 @@ def test_async_renewal_task_outlives_an_empty_schedule(redis_url):
     from django_distlock import watchdog
 
     async def scenario():
-        dog = watchdog.async_watchdog()
+        dog = watchdog.async_watchdog()._lane("default")
         async with lock("loop:0", ttl=30):
             pass
         task = dog._task
@@ -569,3 +569,32 @@ def test_cache_option_keeps_the_cache_connection_settings(redis_server, redis_ur
     assert len(keys) == 1 and keys[0].startswith(b"distlock:{")
     assert timeout == 0.7
     assert redis_server.client().keys("*") == []  # nothing in db 0
+
+
+def test_a_stalled_backend_does_not_delay_another_backends_async_renewals(
+    redis_url, own_server
+):
+    """On an event loop too, each alias renews in its own task: a paused
+    server holds up its own renewals only."""
+    settings = redis_locks(redis_url)
+    settings["stalled"] = {
+        **redis_locks(own_server.url)["default"],
+        "OPTIONS": {"SOCKET_TIMEOUT": 2.0},
+    }
+
+    async def scenario():
+        other = lock("x", using="stalled", ttl=1.0)
+        assert await other.aacquire()
+        async with lock("x", ttl=1.0) as held:
+            own_server.pause()
+            try:
+                # Each renewal on "stalled" now waits its 2 s socket timeout;
+                # the 1 s lease on "default" needs one every third of a second.
+                await asyncio.sleep(3.0)
+                assert not held.lease.lost
+                return await held.alocked()
+            finally:
+                own_server.resume()
+
+    with override_settings(LOCKS=settings):
+        assert asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""The renewal loop: one thread per process for every lease, weakly held."""
+"""The renewal loop: one thread per alias for all its leases, weakly held."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_renewal_is_due_after_a_third_of_the_ttl():
 
 def scheduled(lease) -> bool:
     """Return True if the thread watchdog is renewing ``lease``."""
-    return id(lease) in get_watchdog()._schedule.entries
+    return get_watchdog().renewing(lease)
 
 
 def test_one_thread_renews_many_leases(renew_calls):
@@ -148,3 +148,39 @@ def test_renewal_survives_a_short_outage(redis_server):
         time.sleep(1.5)
         assert held.locked()
         assert not held.lease.lost
+
+
+def _two_aliases(url: str, stalled_url: str) -> dict:
+    settings = redis_locks(url)
+    settings["stalled"] = {
+        **redis_locks(stalled_url)["default"],
+        "OPTIONS": {"SOCKET_TIMEOUT": 2.0},
+    }
+    return settings
+
+
+def test_a_stalled_backend_does_not_delay_another_backends_renewals(redis_url):
+    """Each backend renews on its own: a paused server holds up the renewals
+    of its own alias only, never a short lease on another alias."""
+    stalled = RedisServer().start()
+    try:
+        with override_settings(LOCKS=_two_aliases(redis_url, stalled.url)):
+            with Recorder(lock_lost) as rec:
+                other = lock("x", using="stalled", ttl=1.0)
+                assert other.acquire()
+                held = lock("x", ttl=1.0)
+                assert held.acquire()
+                stalled.pause()
+                try:
+                    # Each renewal on "stalled" now hangs for its 2 s socket
+                    # timeout; the 1 s lease on "default" needs one every
+                    # third of a second.
+                    time.sleep(3.0)
+                    assert held.locked()
+                    assert not held.lease.lost
+                    assert "default" not in [e["alias"] for e in rec.of(lock_lost)]
+                finally:
+                    stalled.resume()
+                held.release()
+    finally:
+        stalled.stop()
