@@ -10,10 +10,9 @@ with ``aacquire`` by a task of their event loop: one thread (one task per
 loop) for each ``LOCKS`` alias with leases to renew, so that a backend that
 stalls (a paused server holds each renewal for up to its socket timeout)
 delays its own renewals only, never a short lease on another alias. Neither
-keeps a lease alive after
-its :class:`~django_distlock.locks.Lock` is garbage collected (weak
-references), and a forked child starts with nothing to renew: it cannot renew
-its parent's leases.
+keeps a lease alive after its :class:`~django_distlock.locks.Lock` is garbage
+collected (weak references), and a forked child starts with nothing to renew:
+it cannot renew its parent's leases.
 """
 
 from __future__ import annotations
@@ -126,7 +125,8 @@ class _Schedule:
 class _ThreadLane:
     """The renewal thread of one alias (started on first use)."""
 
-    def __init__(self) -> None:
+    def __init__(self, alias: str) -> None:
+        self._name = f"django_distlock-watchdog:{alias}"
         self._cond = threading.Condition()
         self._schedule = _Schedule()
         self._thread: threading.Thread | None = None
@@ -138,7 +138,7 @@ class _ThreadLane:
             due = self._schedule.add(backend, lease)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name="django_distlock-watchdog", daemon=True
+                    target=self._run, name=self._name, daemon=True
                 )
                 self._thread.start()
             elif due < self._wake_at:
@@ -148,9 +148,6 @@ class _ThreadLane:
         """Stop renewing ``lease``."""
         with self._cond:
             self._schedule.remove(lease)
-
-    def __len__(self) -> int:
-        return len(self._schedule.entries)
 
     def _run(self) -> None:
         while True:
@@ -186,7 +183,8 @@ class _AsyncLane:
     it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, alias: str) -> None:
+        self._name = f"django_distlock-watchdog:{alias}"
         self._schedule = _Schedule()
         self._task: asyncio.Task | None = None
         self._waiter: asyncio.Future | None = None
@@ -201,7 +199,7 @@ class _AsyncLane:
         if task is None or task.done():
             self._wake_at = -math.inf
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="django_distlock-watchdog"
+                self._run(), name=self._name
             )
         elif due < self._wake_at:
             self._wake_at = -math.inf
@@ -247,21 +245,23 @@ class _AsyncLane:
                 self._schedule.settle(backend, leases, results)
 
 
-class ThreadWatchdog:
-    """The renewal threads of this process: one per alias, started when the
-    alias first has a lease to renew (see the module docstring)."""
+class _Lanes:
+    """One renewal lane per alias, created when the alias first has a lease
+    to renew (see the module docstring)."""
+
+    lane_class: type
 
     def __init__(self) -> None:
-        self._lanes: dict[str, _ThreadLane] = {}
+        self._lanes: dict = {}
         self._lock = threading.Lock()
 
-    def _lane(self, alias: str) -> _ThreadLane:
+    def _lane(self, alias: str):
         lane = self._lanes.get(alias)
         if lane is None:
             with self._lock:
                 lane = self._lanes.get(alias)
                 if lane is None:
-                    lane = self._lanes[alias] = _ThreadLane()
+                    lane = self._lanes[alias] = self.lane_class(alias)
         return lane
 
     def register(self, backend: BaseLockBackend, lease: Lease) -> None:
@@ -280,36 +280,19 @@ class ThreadWatchdog:
         return lane is not None and id(lease) in lane._schedule.entries
 
     def __len__(self) -> int:
-        return sum(len(lane) for lane in list(self._lanes.values()))
+        return sum(len(lane._schedule.entries) for lane in list(self._lanes.values()))
 
 
-class AsyncWatchdog:
-    """The renewal tasks of one event loop: one per alias, started when the
-    alias first has a lease to renew on this loop."""
+class ThreadWatchdog(_Lanes):
+    """The renewal threads of this process, one per alias."""
 
-    def __init__(self) -> None:
-        self._lanes: dict[str, _AsyncLane] = {}
+    lane_class = _ThreadLane
 
-    def _lane(self, alias: str) -> _AsyncLane:
-        lane = self._lanes.get(alias)
-        if lane is None:
-            lane = self._lanes[alias] = _AsyncLane()
-        return lane
 
-    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
-        """Start renewing ``lease`` until :meth:`unregister`."""
-        self._lane(backend.alias).register(backend, lease)
+class AsyncWatchdog(_Lanes):
+    """The renewal tasks of one event loop, one per alias."""
 
-    def unregister(self, lease: Lease) -> None:
-        """Stop renewing ``lease``."""
-        lane = self._lanes.get(lease.alias)
-        if lane is not None:
-            lane.unregister(lease)
-
-    def renewing(self, lease: Lease) -> bool:
-        """Whether ``lease`` is on this watchdog's schedule."""
-        lane = self._lanes.get(lease.alias)
-        return lane is not None and id(lease) in lane._schedule.entries
+    lane_class = _AsyncLane
 
 
 def _wake(waiter: asyncio.Future | None) -> None:

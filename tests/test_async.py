@@ -28,7 +28,9 @@ def _redis(redis_url):
 
 def watchdog_tasks():
     return [
-        t for t in asyncio.all_tasks() if t.get_name() == "django_distlock-watchdog"
+        t
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith("django_distlock-watchdog:")
     ]
 
 

@@ -31,7 +31,11 @@ def _redis(redis_url):
 
 
 def watchdog_threads():
-    return [t for t in threading.enumerate() if t.name == "django_distlock-watchdog"]
+    """The renewal threads of the default alias (other tests' aliases have
+    their own)."""
+    return [
+        t for t in threading.enumerate() if t.name == "django_distlock-watchdog:default"
+    ]
 
 
 @pytest.fixture
