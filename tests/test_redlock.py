@@ -21,6 +21,7 @@ from django.test import override_settings
 
 from django_distlock import LockBackendError, LockLost, LockNotAcquired, lock, locks
 from django_distlock.backends.redlock import (
+    MAX_OWED_REPLIES,
     RedlockBackend,
     pack_meta,
     unpack_meta,
@@ -197,6 +198,42 @@ def test_a_step_stops_reading_once_a_quorum_decided_it(nodes):
     assert backend.release(got) is True
     for server in nodes:
         assert not server.client().exists(backend.keys_for("early")[0])
+
+
+def test_the_nodes_read_last_owe_a_bounded_number_of_replies(nodes):
+    """Steps stop at the quorum, so the same nodes go unread step after step:
+    their replies must still be read before they pile up."""
+    backend = backend_for(nodes)
+    for _ in range(100):
+        assert backend.release(backend.acquire("debt", 5, 0)) is True
+    conns = backend._thread_conns()
+    owed = [conns[i].__dict__.get("_distlock_owed", 0) for i in range(len(nodes))]
+    assert max(owed) <= MAX_OWED_REPLIES, owed
+    assert owed[-1] > 0  # the steps still stop at the quorum
+
+    async def cycles():
+        for _ in range(100):
+            lease = await backend.aacquire("debt", 5, 0)
+            assert await backend.arelease(lease) is True
+        return [c._distlock_replies.owed for idle in backend._afree() for c in idle]
+
+    owed = asyncio.run(cycles())
+    assert len(owed) == len(nodes)
+    assert max(owed) <= MAX_OWED_REPLIES, owed
+
+
+def test_a_new_connection_is_checked_for_a_restart_even_if_read_last(nodes):
+    """The node's identity comes with the first replies of a new connection:
+    they are read even when the quorum decided without that node, or a
+    restart would go unnoticed (and the node's next votes count)."""
+    backend = backend_for(nodes, RESTART_DELAY=600)
+    assert backend.release(backend.acquire("x", 5, 0)) is True
+    backend._thread_conns()[4].disconnect()
+    backend.nodes[4].run_id = "the identity before a restart"
+    lease = backend.acquire("x", 5, 0)
+    assert lease is not None
+    assert backend.nodes[4].quarantine_until > time.monotonic()
+    assert backend.release(lease) is True
 
 
 def test_holders_need_a_quorum_and_force_release(nodes):

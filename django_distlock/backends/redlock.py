@@ -102,7 +102,8 @@ class Fanout:
     whether the step has succeeded already (it is asked only once a quorum
     of nodes answered: it counts a quorum's agreement); the executor then stops
     reading (the remaining nodes answer :data:`_UNREAD`; their replies are
-    read and dropped with the connection's next use), so a step waits for
+    read and dropped with the connection's next use, or in this step after
+    all once a connection owes :data:`MAX_OWED_REPLIES`), so a step waits for
     the quorum's slowest node, not for the slowest of all.
     """
 
@@ -115,6 +116,19 @@ class Fanout:
 
 #: What a node answers when the step was decided before its reply was read.
 _UNREAD = _Failed("not read: the step was decided without this node")
+
+#: Replies a connection may owe (sent, not read yet) before a step reads it
+#: even though the quorum decided without it: the nodes that answer last
+#: would otherwise owe more with every step, kept in socket buffers (or the
+#: server's) for as long as the process lives.
+MAX_OWED_REPLIES = 32
+
+
+def _read_now(prelude: int, owes: int) -> bool:
+    """Whether a node the quorum decided without must be read all the same:
+    its debt is due, or it is a new connection whose prelude tells whether
+    the node restarted (a vote it casts later must not skip that check)."""
+    return prelude > 0 or owes > MAX_OWED_REPLIES
 
 
 def _lost_scripts(result: object) -> bool:
@@ -548,7 +562,10 @@ class RedlockBackend(StepsBackend):
         slack = self.node_timeout / 2
         decided = step.decided
         quorum = self.quorum
-        for k, (i, conn, prelude) in enumerate(sent):
+        k = 0
+        while k < len(sent):
+            i, conn, prelude = sent[k]
+            k += 1
             # Replies owed from a step decided without this node come first.
             owed = conn.__dict__.get("_distlock_owed", 0)
             try:
@@ -563,13 +580,18 @@ class RedlockBackend(StepsBackend):
             results[i] = self._verdict(i, step, replies, owed, prelude)
             if _lost_scripts(results[i]):
                 conn.disconnect()  # reconnecting reloads the scripts
-            if decided is not None and quorum <= k + 1 < len(sent) and decided(results):
-                for j, later, later_prelude in sent[k + 1 :]:
-                    later._distlock_owed = (
-                        later.__dict__.get("_distlock_owed", 0) + later_prelude + count
-                    )
-                    results[j] = _UNREAD
-                break
+            if decided is not None and quorum <= k < len(sent) and decided(results):
+                decided = None
+                due = []
+                for j, later, later_prelude in sent[k:]:
+                    owes = later.__dict__.get("_distlock_owed", 0)
+                    owes += later_prelude + count
+                    if _read_now(later_prelude, owes):
+                        due.append((j, later, later_prelude))
+                    else:
+                        later._distlock_owed = owes
+                        results[j] = _UNREAD
+                sent = sent[:k] + due
         return results
 
     def _verdict(
@@ -749,11 +771,18 @@ class RedlockBackend(StepsBackend):
                             and 0 < len(pending) <= undecided
                             and decided(results)
                         ):
-                            for j, later, later_reader, later_prelude in pending:
-                                later_reader.owed += later_prelude + count
-                                results[j] = _UNREAD
-                                self._aput(free[j], later)
-                            pending.clear()
+                            decided = None
+                            due = []
+                            for entry in pending:
+                                j, later, later_reader, later_prelude = entry
+                                owes = later_reader.owed + later_prelude + count
+                                if _read_now(later_prelude, owes):
+                                    due.append(entry)
+                                else:
+                                    later_reader.owed = owes
+                                    results[j] = _UNREAD
+                                    self._aput(free[j], later)
+                            pending[:] = due
             except TimeoutError:
                 # Past the deadline, what is in already still counts.
                 for i, conn, reader, prelude in pending:
