@@ -808,8 +808,8 @@ class RedlockBackend(StepsBackend):
         i = step.node
         idle = self._afree()[i]
         conn = idle.pop() if idle else None
-        reader = None if conn is None else conn.__dict__.get("_distlock_replies")
-        if reader is None or not conn.is_connected or reader.error is not None:
+        reader = None if conn is None else wire.ready_replies(conn)
+        if reader is None:
             # Let a fan-out set this node's connection up (scripts, restart
             # check).
             if conn is not None:
