@@ -34,6 +34,17 @@ def redis_locks(url: str, **extra) -> dict:
     return {"default": entry}
 
 
+def stalled_alias_locks(url: str, stalled_url: str) -> dict:
+    """Redis on ``url`` as default, plus a "stalled" alias on ``stalled_url``
+    (a server a test pauses) with a 2 s socket timeout."""
+    settings = redis_locks(url)
+    settings["stalled"] = {
+        **redis_locks(stalled_url)["default"],
+        "OPTIONS": {"SOCKET_TIMEOUT": 2.0},
+    }
+    return settings
+
+
 @pytest.fixture
 def redis_locks_settings(redis_url):
     with override_settings(LOCKS=redis_locks(redis_url)):

@@ -13,7 +13,7 @@ from django.test import override_settings
 from django_distlock import LockBackendError, LockLost, LockNotAcquired, lock, locks
 from django_distlock.watchdog import IDLE_TICK, get_watchdog
 
-from .conftest import redis_locks
+from .conftest import redis_locks, stalled_alias_locks
 
 pytestmark = pytest.mark.redis
 
@@ -578,11 +578,6 @@ def test_a_stalled_backend_does_not_delay_another_backends_async_renewals(
 ):
     """On an event loop too, each alias renews in its own task: a paused
     server holds up its own renewals only."""
-    settings = redis_locks(redis_url)
-    settings["stalled"] = {
-        **redis_locks(own_server.url)["default"],
-        "OPTIONS": {"SOCKET_TIMEOUT": 2.0},
-    }
 
     async def scenario():
         other = lock("x", using="stalled", ttl=1.0)
@@ -598,5 +593,5 @@ def test_a_stalled_backend_does_not_delay_another_backends_async_renewals(
             finally:
                 own_server.resume()
 
-    with override_settings(LOCKS=settings):
+    with override_settings(LOCKS=stalled_alias_locks(redis_url, own_server.url)):
         assert asyncio.run(scenario())

@@ -15,7 +15,7 @@ from django_distlock.backends.redis import RedisLockBackend
 from django_distlock.signals import lock_lost
 from django_distlock.watchdog import get_watchdog, renewal_due
 
-from .conftest import redis_locks
+from .conftest import redis_locks, stalled_alias_locks
 from .contract import Recorder
 from .servers import RedisServer
 
@@ -154,21 +154,12 @@ def test_renewal_survives_a_short_outage(redis_server):
         assert not held.lease.lost
 
 
-def _two_aliases(url: str, stalled_url: str) -> dict:
-    settings = redis_locks(url)
-    settings["stalled"] = {
-        **redis_locks(stalled_url)["default"],
-        "OPTIONS": {"SOCKET_TIMEOUT": 2.0},
-    }
-    return settings
-
-
 def test_a_stalled_backend_does_not_delay_another_backends_renewals(redis_url):
     """Each backend renews on its own: a paused server holds up the renewals
     of its own alias only, never a short lease on another alias."""
     stalled = RedisServer().start()
     try:
-        with override_settings(LOCKS=_two_aliases(redis_url, stalled.url)):
+        with override_settings(LOCKS=stalled_alias_locks(redis_url, stalled.url)):
             with Recorder(lock_lost) as rec:
                 other = lock("x", using="stalled", ttl=1.0)
                 assert other.acquire()
