@@ -442,6 +442,18 @@ class BaseLockBackend:
             "subclasses of BaseLockBackend must provide a holders() method"
         )
 
+    def holder_of(self, name: str) -> Holder | None:
+        """Return the current holder of ``name``, or None if it is free or unknown.
+
+        Called once after an acquisition found the lock busy, to name the
+        holder in ``LockNotAcquired``. This default reads the listing; backends
+        that can look one name up in a single round trip override it.
+        """
+        for holder in self.holders(prefix=name):
+            if holder.name == name:
+                return holder
+        return None
+
     def force_release(self, name: str, token: str) -> bool:
         """Delete the lease of ``name`` if its token is still ``token``.
 
@@ -483,6 +495,10 @@ class BaseLockBackend:
         return await sync_to_async(self.acquire, thread_sensitive=False)(
             name, ttl, timeout
         )
+
+    async def aholder_of(self, name: str) -> Holder | None:
+        """Async twin of :meth:`holder_of`."""
+        return await sync_to_async(self.holder_of, thread_sensitive=False)(name)
 
     async def arelease(self, lease: Lease) -> bool:
         """Async twin of :meth:`release`."""
