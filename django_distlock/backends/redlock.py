@@ -54,6 +54,27 @@ from .redis import LockKeys
 from .scripts import load_script
 from .steps import StepsBackend
 
+
+def _no_client_setinfo() -> dict[str, None]:
+    """Return the connection keywords that turn CLIENT SETINFO off.
+
+    Newer redis-py replaced ``lib_name``/``lib_version`` (deprecated since)
+    by ``driver_info``; both spell "send nothing" as None.
+    """
+    import inspect
+
+    from redis.connection import AbstractConnection
+
+    if "driver_info" in inspect.signature(AbstractConnection.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
+try:
+    from asyncio import timeout as async_timeout
+except ImportError:  # Python 3.10: redis-py depends on async-timeout there
+    from async_timeout import timeout as async_timeout
+
 __all__ = ["RedlockBackend"]
 
 ACQUIRE = load_script("redlock_acquire.lua")
@@ -454,7 +475,7 @@ class RedlockBackend(StepsBackend):
             "retry_on_timeout": False,
             # No CLIENT SETINFO round trip on connect (it would stall on a
             # stopped node, one node after the other).
-            "driver_info": None,
+            **_no_client_setinfo(),
         }
         kwargs.update(self.options.get("CONNECTION_POOL_KWARGS", {}))
         return kwargs
@@ -697,7 +718,7 @@ class RedlockBackend(StepsBackend):
         first step)."""
         if conn.is_connected:
             wire.close_now(conn)
-        async with asyncio.timeout(self.connect_timeout):
+        async with async_timeout(self.connect_timeout):
             await conn.connect()
         replies = wire.Replies.take_over(conn)
         if replies is None:
@@ -735,7 +756,11 @@ class RedlockBackend(StepsBackend):
                 if reader is None:
                     try:
                         reader, prelude = await self._aconnect(conn)
-                    except (redis.exceptions.RedisError, OSError) as e:
+                    except (
+                        redis.exceptions.RedisError,
+                        OSError,
+                        asyncio.TimeoutError,  # not an OSError before 3.11
+                    ) as e:
                         results[i] = _Failed(e)
                         self._adrop(i, conn, e)
                         continue
@@ -752,7 +777,7 @@ class RedlockBackend(StepsBackend):
             # Nodes that may answer before the step is decided (see Fanout).
             undecided = len(pending) - self.quorum
             try:
-                async with asyncio.timeout(self.node_timeout):
+                async with async_timeout(self.node_timeout):
                     while pending:
                         i, conn, reader, prelude = pending[0]
                         try:
@@ -783,7 +808,7 @@ class RedlockBackend(StepsBackend):
                                     results[j] = _UNREAD
                                     self._aput(free[j], later)
                             pending[:] = due
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError from Python 3.11 on
                 # Past the deadline, what is in already still counts.
                 for i, conn, reader, prelude in pending:
                     replies = reader.take(reader.owed + prelude + count)
@@ -817,9 +842,9 @@ class RedlockBackend(StepsBackend):
             return False
         reader.write(wire.pack(conn, [("BLPOP", step.key, f"{step.seconds:.3f}")]))
         try:
-            async with asyncio.timeout(step.seconds + self.node_timeout):
+            async with async_timeout(step.seconds + self.node_timeout):
                 replies = await reader.read(reader.owed + 1)
-        except (redis.exceptions.RedisError, OSError) as e:  # timeouts too
+        except (redis.exceptions.RedisError, OSError, asyncio.TimeoutError) as e:
             self._adrop(i, conn, e)
             return False
         except BaseException:
