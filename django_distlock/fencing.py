@@ -30,6 +30,8 @@ __all__ = [
     "FENCING_FIELD",
     "FencedManager",
     "FencedQuerySet",
+    "FencingTokenField",
+    "claim_row",
     "held_lease",
 ]
 
@@ -97,32 +99,29 @@ def stale(lease: Lease, model: type[models.Model], pk: Any, stored: Any):
     return exc
 
 
-def update_row(
-    instance: models.Model,
-    base_qs: models.QuerySet,
-    pk_val: Any,
-    values: list[tuple],
-    lease: Lease,
-) -> bool:
-    """Write ``values`` to one row if its stored token is not newer.
+def claim_row(row: models.QuerySet, pk: Any, lease: Lease, adding: bool) -> bool:
+    """Stamp one row with ``lease``'s token if its stored token is not newer.
 
-    One conditional UPDATE in the common case. Return False if the row does
-    not exist and ``instance`` is being added (the caller INSERTs); raise
+    ``row`` is the queryset of that row in the table holding the token.
+    Inside a transaction the UPDATE locks the row until commit, so the write
+    that follows cannot be overtaken. Return False if the row does not exist
+    and the instance is being added (the caller INSERTs); raise
     StaleFencingToken if the row is newer, or gone for an instance that was
     loaded from the database.
     """
     token = lease.fencing_token
-    row = base_qs.filter(pk=pk_val)
     while True:
-        if row.filter(**{f"{FENCING_FIELD}__lte": token})._update(values) > 0:
+        if row.filter(**{f"{FENCING_FIELD}__lte": token}).update(
+            **{FENCING_FIELD: token}
+        ):
             return True
         stored = row.values_list(FENCING_FIELD, flat=True).first()
         if stored is None:
-            if instance._state.adding:
+            if adding:
                 return False
-            raise stale(lease, base_qs.model, pk_val, None)
+            raise stale(lease, row.model, pk, None)
         if stored > token:
-            raise stale(lease, base_qs.model, pk_val, stored)
+            raise stale(lease, row.model, pk, stored)
         # The row changed between the two statements (an older holder wrote
         # it, or it was just created): the condition may hold now.
 
@@ -155,6 +154,32 @@ def raise_if_newer(qs: models.QuerySet, lease: Lease) -> None:
         raise stale(lease, qs.model, pk, stored)
 
 
+class FencingTokenField(models.BigIntegerField):
+    """The ``fencing_token`` column: written by fenced writes only.
+
+    An ordinary UPDATE (a ``save()`` without ``fence=``) writes the column to
+    itself, so an unfenced write can never move the fence back; an INSERT
+    stores the instance's value (0, or the token of a fenced save). Migrations
+    see a plain ``BigIntegerField``.
+    """
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        if add:
+            return super().pre_save(model_instance, add)
+        return models.F(self.attname)
+
+    def deconstruct(self):
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.BigIntegerField", args, kwargs
+
+
+def write_db(qs: models.QuerySet) -> str:
+    """Return the database alias ``qs`` writes to (its ``using()`` or the router's)."""
+    # select_for_update() marks the copy as a write without running it, so
+    # .db answers with the alias an update() or delete() would use.
+    return qs.select_for_update().db
+
+
 class FencedQuerySet(models.QuerySet):
     """QuerySet with ``fenced(held)``: bulk writes guarded by a fencing token.
 
@@ -168,25 +193,20 @@ class FencedQuerySet(models.QuerySet):
     alone.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._fence: Lock | Lease | None = None
+    #: The held lock (or Lease) that fences ``update()`` and ``delete()``.
+    #: ``fenced()`` sets it on a subclass made for the purpose, so that every
+    #: queryset chained from a fenced one (``.filter()``, ``.exclude()``, ...)
+    #: is fenced too: Django copies a queryset by calling its class.
+    fence: Lock | Lease | None = None
 
-    def _clone(self):
-        clone = super()._clone()
-        clone._fence = self._fence
+    def unfenced(self) -> FencedQuerySet:
+        """Return a copy of this queryset whose writes are not fenced."""
+        clone = self.all()
+        cls = type(self)
+        while cls.fence is not None:
+            cls = cls.__bases__[0]
+        clone.__class__ = cls
         return clone
-
-    def _unfenced(self) -> FencedQuerySet:
-        clone = self._chain()
-        clone._fence = None
-        return clone
-
-    def _write_db(self) -> str:
-        """Return the database alias this queryset writes to."""
-        clone = self._chain()
-        clone._for_write = True
-        return clone.db
 
     def fenced(self, held: Lock | Lease) -> FencedQuerySet:
         """Return a copy whose ``update()`` and ``delete()`` are fenced by ``held``.
@@ -194,22 +214,27 @@ class FencedQuerySet(models.QuerySet):
         ``held`` is checked now and again at write time.
         """
         held_lease(held)
-        clone = self._chain()
-        clone._fence = held
+        clone = self.unfenced()
+        base = type(clone)
+        clone.__class__ = type(
+            base.__name__,
+            (base,),
+            {"fence": held, "__module__": base.__module__},
+        )
         return clone
 
     def update(self, **kwargs: Any) -> int:
         """Update the rows; when fenced, all of them or none (see the class)."""
-        if self._fence is None:
+        if self.fence is None:
             return super().update(**kwargs)
         if FENCING_FIELD in kwargs:
             raise TypeError(
                 f"A fenced update() sets {FENCING_FIELD} itself; do not pass it."
             )
-        lease = held_lease(self._fence)
+        lease = held_lease(self.fence)
         token = lease.fencing_token
-        plain = self._unfenced()
-        with transaction.atomic(using=plain._write_db()):
+        plain = self.unfenced()
+        with transaction.atomic(using=write_db(plain)):
             updated = plain.filter(**{f"{FENCING_FIELD}__lte": token}).update(
                 **kwargs, **{FENCING_FIELD: token}
             )
@@ -220,11 +245,11 @@ class FencedQuerySet(models.QuerySet):
 
     def delete(self) -> tuple[int, dict[str, int]]:
         """Delete the rows; when fenced, all of them or none (see the class)."""
-        if self._fence is None:
+        if self.fence is None:
             return super().delete()
-        lease = held_lease(self._fence)
-        plain = self._unfenced()
-        with transaction.atomic(using=plain._write_db()):
+        lease = held_lease(self.fence)
+        plain = self.unfenced()
+        with transaction.atomic(using=write_db(plain)):
             claim_rows(plain, lease)
             return plain.filter(
                 **{f"{FENCING_FIELD}__lte": lease.fencing_token}
@@ -232,23 +257,6 @@ class FencedQuerySet(models.QuerySet):
 
     delete.alters_data = True
     delete.queryset_only = True
-
-    async def aupdate(self, **kwargs: Any) -> int:
-        """Async twin of :meth:`update`."""
-        from asgiref.sync import sync_to_async
-
-        return await sync_to_async(self.update)(**kwargs)
-
-    aupdate.alters_data = True
-
-    async def adelete(self) -> tuple[int, dict[str, int]]:
-        """Async twin of :meth:`delete`."""
-        from asgiref.sync import sync_to_async
-
-        return await sync_to_async(self.delete)()
-
-    adelete.alters_data = True
-    adelete.queryset_only = True
 
 
 class FencedManager(models.Manager.from_queryset(FencedQuerySet)):

@@ -1,20 +1,19 @@
 """Models: the database backend's lock table, the admin anchor, FencedModel."""
 
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, models, router, transaction
 from django.utils.translation import gettext_lazy as _
 
-from .exceptions import StaleFencingToken
 from .fencing import (
     FENCING_FIELD,
     FencedManager,
+    FencingTokenField,
+    claim_row,
     claim_rows,
     held_lease,
     stale,
-    update_row,
 )
 
 if TYPE_CHECKING:
@@ -96,7 +95,7 @@ class FencedModel(models.Model):
     (``Model.objects.fenced(held).update(...)``). See ``docs/fencing.md``.
     """
 
-    fencing_token = models.BigIntegerField(default=0, editable=False)
+    fencing_token = FencingTokenField(default=0, editable=False)
 
     objects = FencedManager()
 
@@ -108,11 +107,13 @@ class FencedModel(models.Model):
     ) -> None:
         """Save the instance; with ``fence=held``, only if no newer holder wrote.
 
-        A fenced save of an existing row is one conditional UPDATE that also
-        stores ``held.fencing_token``; a new row is INSERTed with it. A row
-        deleted since it was loaded is not re-created. ``pre_save`` is sent
-        before the attempt, ``post_save`` only after a successful write.
-        Raise StaleFencingToken (nothing written), LockNotHeld or LockLost.
+        A fenced save runs in one transaction (a savepoint inside an open
+        one): a conditional UPDATE first stamps the row with
+        ``held.fencing_token`` (and locks it), then Django's own ``save()``
+        writes the instance. A new row is INSERTed with the token; a row
+        deleted since it was loaded is not re-created. Raise
+        StaleFencingToken (nothing written, no signal sent), LockNotHeld or
+        LockLost.
         """
         if fence is None:
             return super().save(*args, **kwargs)
@@ -126,35 +127,44 @@ class FencedModel(models.Model):
             kwargs["update_fields"] = {*update_fields, FENCING_FIELD}
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         kwargs["using"] = using
-        connection = connections[using]
-        # Rows of several tables (multi-table inheritance) must all be written
-        # or none: a refusal in one table rolls the others back.
-        several_tables = bool(self._meta.concrete_model._meta.parents)
-        in_atomic = connection.in_atomic_block
-        rollback_before = connection.needs_rollback
         previous = self.fencing_token
         self.fencing_token = lease.fencing_token
-        self._distlock_fence = lease
-        self._distlock_force_insert = bool(kwargs.get("force_insert"))
         try:
-            with transaction.atomic(using=using) if several_tables else nullcontext():
-                super().save(**kwargs)
-        except StaleFencingToken:
-            self.fencing_token = previous
-            if in_atomic and not several_tables and not rollback_before:
-                # save_base() marked the enclosing atomic block for rollback,
-                # but the refused write changed nothing: the transaction is
-                # as good as before, so the caller may handle the refusal.
-                transaction.set_rollback(False, using=using)
-            raise
+            self._save_fenced(lease, kwargs)
         except BaseException:
             self.fencing_token = previous
             raise
-        finally:
-            del self._distlock_fence, self._distlock_force_insert
         return None
 
     save.alters_data = True
+
+    def _save_fenced(self, lease: "Lease", kwargs: dict[str, Any]) -> None:
+        using = kwargs["using"]
+        token_model = self._meta.get_field(FENCING_FIELD).model
+        # Every table of a multi-table model shares the primary key's value.
+        row = token_model._base_manager.using(using).filter(pk=self.pk)
+        force_insert = kwargs.get("force_insert")
+        while True:
+            if self.pk is not None and not force_insert:
+                # The claim locks the row until this block commits, so
+                # Django's UPDATE after it cannot be overtaken.
+                with transaction.atomic(using=using):
+                    if claim_row(row, self.pk, lease, adding=self._state.adding):
+                        super().save(**kwargs)
+                        return
+                if kwargs.get("update_fields") or kwargs.get("force_update"):
+                    raise stale(lease, token_model, self.pk, None)
+            try:
+                # No row yet: INSERT only, so that a row another holder
+                # creates meanwhile is never overwritten by an UPDATE.
+                with transaction.atomic(using=using):
+                    super().save(**{**kwargs, "force_insert": True})
+                return
+            except IntegrityError:
+                if self.pk is None or force_insert:
+                    raise
+                # Created by another holder since the claim: claim it now,
+                # so a newer holder's row wins and an older one's is not.
 
     async def asave(
         self, *args: Any, fence: "LockHandle | Lease | None" = None, **kwargs: Any
@@ -187,11 +197,10 @@ class FencedModel(models.Model):
             return super().delete(using=using, keep_parents=keep_parents)
         using = using or router.db_for_write(type(self), instance=self)
         token_model = self._meta.get_field(FENCING_FIELD).model
-        pk = self._get_pk_val(token_model._meta)
         with transaction.atomic(using=using):
-            row = token_model._base_manager.using(using).filter(pk=pk)
+            row = token_model._base_manager.using(using).filter(pk=self.pk)
             if not claim_rows(row, lease):
-                raise stale(lease, token_model, pk, None)
+                raise stale(lease, token_model, self.pk, None)
             return super().delete(using=using, keep_parents=keep_parents)
 
     delete.alters_data = True
@@ -209,51 +218,3 @@ class FencedModel(models.Model):
         )
 
     adelete.alters_data = True
-
-    def _is_token_table(self, model: type[models.Model]) -> bool:
-        token_model = self._meta.get_field(FENCING_FIELD).model
-        return model._meta.concrete_model is token_model._meta.concrete_model
-
-    def _do_update(self, base_qs, using, pk_val, values, update_fields, forced_update):
-        if not self._is_token_table(base_qs.model):
-            return super()._do_update(
-                base_qs, using, pk_val, values, update_fields, forced_update
-            )
-        values = [v for v in values if v[0].attname != FENCING_FIELD]
-        lease = getattr(self, "_distlock_fence", None)
-        if lease is None:
-            return super()._do_update(
-                base_qs, using, pk_val, values, update_fields, forced_update
-            )
-        field = self._meta.get_field(FENCING_FIELD)
-        values.append((field, None, lease.fencing_token))
-        return update_row(self, base_qs, pk_val, values, lease)
-
-    def _do_insert(self, manager, using, fields, returning_fields, raw):
-        lease = getattr(self, "_distlock_fence", None)
-        meta = manager.model._meta
-        if (
-            lease is None
-            or not self._is_token_table(manager.model)
-            or self._get_pk_val(meta) is None
-            or getattr(self, "_distlock_force_insert", False)
-        ):
-            return super()._do_insert(manager, using, fields, returning_fields, raw)
-        # A row with a chosen pk may be created concurrently by another holder:
-        # then the INSERT fails and the write becomes a conditional UPDATE, so
-        # a newer holder's row wins and an older one's is overwritten.
-        if connections[using].in_atomic_block:
-            guard = transaction.atomic(using=using)
-        else:
-            guard = nullcontext()
-        try:
-            with guard:
-                return super()._do_insert(manager, using, fields, returning_fields, raw)
-        except IntegrityError:
-            values = [
-                (f, None, f.pre_save(self, False)) for f in fields if not f.primary_key
-            ]
-            base_qs = manager.using(using)
-            if update_row(self, base_qs, self._get_pk_val(meta), values, lease):
-                return []
-            raise

@@ -22,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 from django.db.models.signals import post_save, pre_save
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -131,13 +132,29 @@ class TestFencedSave:
         row = Account.objects.using(db_alias).get(pk=acc.pk)
         assert (row.balance, row.fencing_token) == (6, h.fencing_token)
 
-    def test_one_query(self, db_alias, django_assert_num_queries):
+    def test_statements(self, db_alias):
         acc = Account.objects.using(db_alias).create(owner="x")
         h = held()
-        with django_assert_num_queries(1, using=db_alias):
-            acc.save(fence=h)  # one conditional UPDATE
-        with django_assert_num_queries(1, using=db_alias):
-            Account(owner="y").save(using=db_alias, fence=h)  # one INSERT
+        with CaptureQueriesContext(connections[db_alias]) as ctx:
+            acc.save(fence=h)
+        writes = [
+            q["sql"]
+            for q in ctx.captured_queries
+            if q["sql"].startswith(("UPDATE", "INSERT"))
+        ]
+        # The claim (conditional, locks the row), then Django's own UPDATE,
+        # which leaves the token the claim wrote.
+        assert len(writes) == 2, writes
+        assert all(w.startswith("UPDATE") for w in writes), writes
+        assert "fencing_token" in writes[0].split("WHERE")[1]
+        with CaptureQueriesContext(connections[db_alias]) as ctx:
+            Account(owner="y").save(using=db_alias, fence=h)
+        writes = [
+            q["sql"]
+            for q in ctx.captured_queries
+            if q["sql"].startswith(("UPDATE", "INSERT"))
+        ]
+        assert len(writes) == 1 and writes[0].startswith("INSERT"), writes
 
     def test_older_holder_is_refused_and_writes_nothing(self, db_alias):
         acc = Account.objects.using(db_alias).create(owner="x")
@@ -214,23 +231,23 @@ class TestFencedSave:
     def test_create_race_with_chosen_pk(
         self, db_alias, monkeypatch, in_atomic, racer_is_newer
     ):
-        # Another holder creates the row between our UPDATE (no row yet) and
-        # our INSERT: the INSERT fails on the key and becomes the fenced UPDATE.
+        # Another holder creates the row between our claim (no row yet) and
+        # our INSERT: the INSERT fails on the key and becomes a fenced claim.
         key = unique("k")
         old = held()
         new = takeover(old)
         ours, theirs = (old, new) if racer_is_newer else (new, old)
-        real_update_row = django_distlock.models.update_row
+        real_claim_row = django_distlock.models.claim_row
 
-        def racing_update_row(*args):
-            result = real_update_row(*args)
+        def racing_claim_row(*args, **kwargs):
+            result = real_claim_row(*args, **kwargs)
             if not result:  # no row: the INSERT comes next; the racer is first
                 FencedSetting.objects.using(db_alias).create(
                     key=key, value="theirs", fencing_token=theirs.fencing_token
                 )
             return result
 
-        monkeypatch.setattr(django_distlock.models, "update_row", racing_update_row)
+        monkeypatch.setattr(django_distlock.models, "claim_row", racing_claim_row)
         with transaction.atomic(using=db_alias) if in_atomic else nullcontext():
             mine = FencedSetting(key=key, value="ours")
             if racer_is_newer:
@@ -286,7 +303,8 @@ class TestFencedSave:
             pre_save.disconnect(pre, sender=Account)
             post_save.disconnect(post, sender=Account)
         fields = frozenset({"owner", "fencing_token"})
-        assert seen == [("pre", fields), ("post", False, fields), ("pre", None)]
+        # The refused save wrote nothing and sent nothing.
+        assert seen == [("pre", fields), ("post", False, fields)]
 
     def test_refusal_inside_atomic_keeps_the_transaction_usable(self, db_alias):
         acc = Account.objects.using(db_alias).create(owner="x")
@@ -860,3 +878,11 @@ def test_property(request, backend):
 
     with override_settings(LOCKS=setting):
         run()
+
+
+def test_fencing_field_needs_no_migration():
+    # The column's class is ours (its pre_save keeps unfenced UPDATEs off the
+    # token) but migrations see a plain BigIntegerField: no user migration.
+    from django.core.management import call_command
+
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)

@@ -63,10 +63,10 @@ def new_token() -> str:
 
 def running_task() -> asyncio.Task | None:
     """Return the running asyncio task, or None outside one."""
-    # _get_running_loop() answers None outside a loop where current_task()
-    # would raise: no exception on the synchronous path.
-    loop = asyncio._get_running_loop()
-    return None if loop is None else asyncio.current_task(loop)
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop: the synchronous path
+        return None
 
 
 def current_task_name() -> str | None:
