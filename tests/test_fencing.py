@@ -880,6 +880,7 @@ def test_property(request, backend):
         run()
 
 
+@pytest.mark.django_db
 def test_fencing_field_needs_no_migration():
     # The column's class is ours (its pre_save keeps unfenced UPDATEs off the
     # token) but migrations see a plain BigIntegerField: no user migration.
