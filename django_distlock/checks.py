@@ -24,6 +24,7 @@ distlock.E015  Redis Cluster / Sentinel settings malformed (cluster URL with a
                database, ``CLUSTER`` not a bool, ``SENTINELS`` not a list of
                ``(host, port)``, no ``SERVICE_NAME``, both forms at once).
 distlock.E016  ZooKeeper ``LOCATION`` or ``OPTIONS`` malformed.
+distlock.E017  The backend's driver (redis-py, kazoo) is not installed.
 distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
                to the view (registered in ``decorators.py``).
 distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).
@@ -35,6 +36,7 @@ distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from numbers import Real
 
@@ -125,6 +127,10 @@ def _check_entry(alias, params):
         try:
             backend_cls = import_string(backend)
         except ImportError as e:
+            missing = (getattr(e, "name", None) or "").partition(".")[0]
+            if missing in DRIVER_EXTRAS:
+                errors.append(_missing_driver(where, backend, missing))
+                return errors
             errors.append(
                 _error(
                     "distlock.E003",
@@ -191,6 +197,27 @@ def _check_entry(alias, params):
                 "Leave OPTIONS out or write OPTIONS = {...}.",
             )
         )
-    elif backend_cls is not None and hasattr(backend_cls, "check"):
-        errors.extend(backend_cls.check(alias, params))
+    elif backend_cls is not None:
+        missing = [
+            (module, extra)
+            for module, extra in backend_cls.drivers
+            if importlib.util.find_spec(module) is None
+        ]
+        errors.extend(_missing_driver(where, backend, m, e) for m, e in missing)
+        if not missing and hasattr(backend_cls, "check"):
+            errors.extend(backend_cls.check(alias, params))
     return errors
+
+
+#: Driver modules the bundled backends import, and the extra that installs each.
+DRIVER_EXTRAS = {"redis": "redis", "kazoo": "zookeeper", "django_redis": "django-redis"}
+
+
+def _missing_driver(where, backend, module, extra=None):
+    extra = extra or DRIVER_EXTRAS[module]
+    return _error(
+        "distlock.E017",
+        f"{where} uses {backend!r}, which needs the {module!r} package, "
+        f"and it is not installed.",
+        f'pip install "django-distlock[{extra}]"',
+    )

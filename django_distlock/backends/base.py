@@ -371,6 +371,10 @@ class BaseLockBackend:
     #: True if fencing tokens survive server restarts and failovers, so that
     #: ``save(fence=...)`` can rely on them.
     durable_fencing = True
+    #: The driver modules the backend imports, each with the extra of
+    #: ``django-distlock`` that installs it; a system check (``distlock.E017``)
+    #: names the ``pip install`` line when one is missing.
+    drivers: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, alias: str, params: dict[str, Any]):
         self.alias = alias

@@ -216,6 +216,8 @@ class RedisLockBackend(StepsBackend):
     ``OPTIONS["SENTINEL_KWARGS"]`` is passed to the connections to sentinels.
     """
 
+    drivers = (("redis", "redis"),)
+
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
         self.location = params.get("LOCATION")

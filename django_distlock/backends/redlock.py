@@ -310,6 +310,8 @@ class RedlockBackend(StepsBackend):
     ``CONNECTION_POOL_KWARGS`` (passed to redis-py's connections).
     """
 
+    drivers = (("redis", "redis"),)
+
     #: Tokens survive any minority of nodes losing their data; beyond that
     #: they rest on the nodes' clocks (see the docs page).
     durable_fencing = True

@@ -102,6 +102,8 @@ class ZooKeeperLockBackend(BaseLockBackend):
     ``KAZOO_KWARGS`` (passed to ``kazoo.client.KazooClient``).
     """
 
+    drivers = (("kazoo", "zookeeper"),)
+
     OPTION_KEYS = {"SESSION_TIMEOUT", "CONNECT_TIMEOUT", "KAZOO_KWARGS"}
 
     def __init__(self, alias: str, params: dict[str, Any]):
