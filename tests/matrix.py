@@ -2,21 +2,26 @@
 
 A cell is a tox environment named ``py<X>-dj<Y>-redis<Z>[-nohiredis]``. The
 whole suite runs once, on the main combination (``scripts/test``); a cell runs
-only what can differ between versions:
+what can differ between versions:
 
-- the Django suite (ORM fencing, the database backend on SQLite and
-  PostgreSQL, the view decorator, the command, the admin, checks) in every
-  cell that has the newest redis-py: once per Python x Django pair;
-- the Redis suite (the Redis, Redlock and reentrant contracts, asyncio) in
-  every cell that has the newest Django for its Python: once per Python x
-  redis-py pair, and in the cell without hiredis;
-- the smoke suite (Redis through Django: the decorator and the command on a
-  Redis alias, a django-redis pool) in every cell, so every combination that
-  ``pyproject.toml`` accepts has run against real servers.
+- in every cell, the slice: a few tests of each part the versions touch (the
+  backend contract on Redis, Redlock, the reentrant lock, the database on
+  SQLite and PostgreSQL; fenced saves and querysets; asyncio; the view
+  decorator; the ``locks`` command; the admin), among them a test across
+  processes for each backend, so every combination that ``pyproject.toml``
+  accepts has run against real servers;
+- the whole Django suite (ORM fencing, the database backend, the decorator,
+  the command, the admin, checks) on each Django with its oldest and its
+  newest Python, with the newest redis-py;
+- the whole Redis suite (the Redis, Redlock and reentrant contracts, asyncio)
+  on each redis-py with the newest Python and Django, on each Python with
+  the newest redis-py, on the oldest of everything, and without hiredis.
 
 Usage: ``python -m tests.matrix CELL [pytest args]``. The exit status is
-pytest's, except that "no tests ran" (5) is a failure. ``python -m
-tests.matrix --report DIR`` prints the table of cells from their JUnit files.
+pytest's, except that "no tests ran" (5) is a failure, and so is a part of
+the slice that selected no test (a renamed test must not empty it
+silently). ``python -m tests.matrix --report DIR`` prints the table of cells
+from their JUnit files.
 """
 
 from __future__ import annotations
@@ -26,9 +31,22 @@ import sys
 
 import pytest
 
-#: The newest Django each Python runs (Django's own Python requirements).
-NEWEST_DJANGO = {"py310": "dj52", "py311": "dj52", "py312": "dj61", "py313": "dj61"}
-NEWEST_REDIS = "redis8"
+#: Django's supported Pythons, oldest and newest, per Django release.
+DJANGO_PYTHONS = {
+    "dj42": ("py310", "py312"),
+    "dj52": ("py310", "py313"),
+    "dj60": ("py312", "py313"),
+    "dj61": ("py312", "py313"),
+}
+NEWEST = ("py313", "dj61", "redis8")
+#: The cells of the whole Redis suite beside each redis-py on NEWEST (Python
+#: 3.11 with Django 5.2 and redis-py 8 is the main suite's combination).
+REDIS_CELLS = {
+    "py310-dj52-redis8",
+    "py312-dj61-redis8",
+    "py310-dj42-redis5",
+    "py312-dj61-redis8-nohiredis",
+}
 
 DJANGO_SUITE = [
     "tests/test_database_backend.py::TestSQLiteContract",
@@ -38,6 +56,7 @@ DJANGO_SUITE = [
     "tests/test_command.py",
     "tests/test_admin.py",
     "tests/test_checks.py",
+    "tests/test_drivers.py",
     "tests/test_handler.py",
     "tests/test_lock_for.py",
 ]
@@ -54,34 +73,62 @@ REDIS_SUITE = [
     "tests/test_reentrant.py::TestReentrantContract",
     "tests/test_async.py",
 ]
-SMOKE_SUITE = [
-    "tests/test_redis_backend.py::TestCacheOption",
-    "tests/test_decorators.py",
-    "tests/test_command.py",
-]
-SMOKE_KEYWORD = "redis"
+CONTRACT_SLICE = (
+    "test_acquire_release",
+    "test_fencing_tokens_strictly_increase",
+    "test_expiry_and_takeover",
+    "test_release_by_non_owner_refused",
+    "test_async_twins",
+    "test_other_process_excluded_while_held",
+)
+#: The slice: each part, and the tests (by function name) that stand for it.
+SLICE = {
+    "tests/test_redis_backend.py::TestRedisContract": CONTRACT_SLICE,
+    "tests/test_redlock.py::TestRedlockContract": CONTRACT_SLICE,
+    "tests/test_reentrant.py::TestReentrantContract": CONTRACT_SLICE,
+    "tests/test_database_backend.py::TestSQLiteContract": CONTRACT_SLICE,
+    "tests/test_database_backend.py::TestPostgresContract": CONTRACT_SLICE,
+    "tests/test_fencing.py::TestFencedSave": (
+        "test_older_holder_is_refused_and_writes_nothing",
+        "test_statements",
+    ),
+    "tests/test_fencing.py::TestFencedQuerySet": (),  # all of it: a few ms
+    "tests/test_async.py": (
+        "test_tasks_are_distinct_holders",
+        "test_async_contention_raises",
+        "test_async_waiter_woken_by_release_from_another_task",
+    ),
+    "tests/test_decorators.py": (
+        "test_free_lock_runs_the_view",
+        "test_async_views_run",
+        "test_busy_from_another_process_is_423",
+    ),
+    "tests/test_command.py": (
+        "test_list_shows_holders_of_another_process",
+        "test_clear_names_only_those",
+    ),
+    "tests/test_admin.py": (
+        "test_changelist_shows_a_holder_of_another_process",
+        "test_release_is_logged_and_the_holder_finds_out",
+    ),
+}
 
 
 def suites(cell: str) -> list[str]:
-    """Return the names of the suites ``cell`` runs."""
-    factors = cell.split("-")
-    python, django, redis = factors[:3]
-    chosen = []
-    if redis == NEWEST_REDIS and "nohiredis" not in factors:
+    """Return the names of the suites ``cell`` runs, the slice first."""
+    python, django, redis, *rest = cell.split("-")
+    chosen = ["slice"]
+    if redis == NEWEST[2] and not rest and python in DJANGO_PYTHONS[django]:
         chosen.append("django")
-    if django == NEWEST_DJANGO[python] or "nohiredis" in factors:
+    if (python, django) == NEWEST[:2] and not rest or cell in REDIS_CELLS:
         chosen.append("redis")
-    if not chosen:
-        chosen.append("smoke")
     return chosen
 
 
 def pytest_args(cell: str) -> list[str]:
-    """Return the pytest arguments that run ``cell``'s suites."""
+    """Return the pytest arguments (node ids, deselections) of ``cell``."""
     chosen = suites(cell)
-    if chosen == ["smoke"]:
-        return [*SMOKE_SUITE, "-k", SMOKE_KEYWORD]
-    args: list[str] = []
+    args = list(SLICE)
     if "django" in chosen:
         args += DJANGO_SUITE
         for nodeid in DJANGO_DESELECT:
@@ -89,6 +136,45 @@ def pytest_args(cell: str) -> list[str]:
     if "redis" in chosen:
         args += REDIS_SUITE
     return args
+
+
+class SlicePlugin:
+    """Keep, of the slice's parts, only their chosen tests (unless a whole
+    suite of the cell holds them), and fail if a part selected nothing."""
+
+    def __init__(self, whole: list[str]):
+        self.whole = whole
+
+    def _part(self, nodeid: str) -> str | None:
+        for part in SLICE:
+            if nodeid == part or nodeid.startswith(part + "::"):
+                return part
+        return None
+
+    def _in_whole(self, nodeid: str) -> bool:
+        return any(nodeid == w or nodeid.startswith(w + "::") for w in self.whole)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        keep, drop, seen = [], [], set()
+        for item in items:
+            part = self._part(item.nodeid)
+            function = getattr(item, "originalname", item.name)
+            if self._in_whole(item.nodeid) or part is None:
+                keep.append(item)
+            elif not SLICE[part] or function in SLICE[part]:
+                keep.append(item)
+            else:
+                drop.append(item)
+                continue
+            if part is not None:
+                seen.add(part)
+        empty = sorted(set(SLICE) - seen)
+        if empty:
+            raise pytest.UsageError(f"the slice selected no test of {empty}")
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
 
 
 def report(results: str) -> int:
@@ -131,7 +217,8 @@ def main(argv: list[str]) -> int:
         os.makedirs(results, exist_ok=True)
         args.append(f"--junitxml={os.path.join(results, cell + '.xml')}")
     print(f"{cell}: suites {', '.join(suites(cell))}", flush=True)
-    status = pytest.main(args)
+    whole = [a for a in pytest_args(cell)[len(SLICE) :] if a.startswith("tests/")]
+    status = pytest.main(args, plugins=[SlicePlugin(whole)])
     if status == pytest.ExitCode.NO_TESTS_COLLECTED:
         print(f"{cell}: no tests ran: that is a failure", file=sys.stderr)
         return 1
