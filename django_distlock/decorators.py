@@ -38,7 +38,6 @@ from django.utils.module_loading import import_string
 from .exceptions import LockBackendError, LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import (
-    DEFAULT,
     RELEASE_ON_COMMIT,
     RELEASE_ON_EXIT,
     Lock,
@@ -150,7 +149,7 @@ def distributed_lock(
     *,
     using: str = DEFAULT_LOCK_ALIAS,
     ttl: float | None = None,
-    timeout: float | None = DEFAULT,
+    timeout: float | None = 0,
     auto_renew: bool | None = None,
     on_locked: LockedHandler | None = None,
     release: str = RELEASE_ON_COMMIT,
@@ -167,8 +166,11 @@ def distributed_lock(
     placeholder and the view.
 
     ``using``, ``ttl``, ``timeout`` and ``auto_renew`` are those of
-    :func:`~django_distlock.lock`. If the lock is still busy after
-    ``timeout`` or the backend is unreachable, the view is not run and
+    :func:`~django_distlock.lock`, except that ``timeout`` defaults to 0, not
+    to the alias's ``TIMEOUT``: a busy resource answers at once instead of
+    tying up a worker; an explicit ``timeout`` waits as ``lock()`` does. If
+    the lock is still busy after ``timeout`` or the backend is unreachable,
+    the view is not run and
     ``on_locked(request, exception)`` answers (default: the
     ``DISTLOCK_LOCKED_VIEW`` setting, itself defaulting to
     :func:`locked_view`: 423 or 503 with ``Retry-After``).

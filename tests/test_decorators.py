@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -85,6 +87,31 @@ async def busy_async_views():
         finally:
             await held.arelease()
         assert (await AsyncClient().get(url)).status_code == 200
+
+
+def test_views_do_not_wait_by_default(backend_kind):
+    # The alias's TIMEOUT (10 s here) is for lock(); a view answers at once.
+    with override_settings(LOCKS=with_timeout(10)), lock("inventory:d1", timeout=0):
+        started = time.monotonic()
+        response = Client().get("/buy-default/d1/")
+        assert response.status_code == 423
+        assert time.monotonic() - started < 2
+
+
+def test_views_wait_for_an_explicit_timeout(backend_kind):
+    with lock("inventory:d2", timeout=0):
+        started = time.monotonic()
+        response = Client().get("/buy-waiting/d2/")
+        assert response.status_code == 423
+        assert time.monotonic() - started >= 0.45
+
+
+def with_timeout(seconds):
+    from django.conf import settings
+
+    return {
+        alias: {**entry, "TIMEOUT": seconds} for alias, entry in settings.LOCKS.items()
+    }
 
 
 def test_busy_cbv_is_423(backend_kind):

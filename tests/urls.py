@@ -7,6 +7,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("buy/<str:sku>/", views.buy),
     path("buy-now/<str:sku>/", views.buy_now),
+    path("buy-default/<str:sku>/", views.buy_default),
+    path("buy-waiting/<str:sku>/", views.buy_waiting),
     path("abuy/<str:sku>/", views.abuy),
     path("cbv/<str:sku>/", views.BuyView.as_view()),
     path("acbv/<str:sku>/", views.AsyncBuyView.as_view()),

@@ -29,6 +29,16 @@ def buy(request, sku):
     return _sell(sku, float(request.GET.get("pause", 0)))
 
 
+@distributed_lock("inventory:<sku>")
+def buy_default(request, sku):
+    return HttpResponse(f"bought {sku}")
+
+
+@distributed_lock("inventory:<sku>", timeout=0.5)
+def buy_waiting(request, sku):
+    return HttpResponse(f"bought {sku}")
+
+
 @distributed_lock("inventory:<sku>", timeout=0)
 def buy_now(request, sku):
     return HttpResponse(f"bought {sku}")
