@@ -15,7 +15,9 @@ dotted path to a view ``(request, exception)`` in the manner of Django's
 System checks: ``distlock.E020`` when a name template's ``<placeholder>``
 matches no URL kwarg of a route to the view (the request would fail with
 ImproperlyConfigured), ``distlock.E021`` when ``DISTLOCK_LOCKED_VIEW`` cannot
-be imported.
+be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
+``distlock.E023`` when ``ttl=``, ``timeout=`` or ``auto_renew=`` is invalid
+(those two also fail the request, should it come).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from .locking import (
     RELEASE_ON_EXIT,
     Lock,
     OnCommitLock,
+    option_problems,
 )
 
 __all__ = [
@@ -139,6 +142,13 @@ def _namer(
     return from_template
 
 
+def _describe(template_or_callable: Any) -> str:
+    """Return ``distributed_lock(<template>)`` for messages."""
+    if isinstance(template_or_callable, str):
+        return f"distributed_lock({template_or_callable!r})"
+    return f"distributed_lock({getattr(template_or_callable, '__qualname__', '...')})"
+
+
 def _view_name(view: Callable) -> str:
     module = getattr(view, "__module__", "?")
     return f"{module}.{getattr(view, '__qualname__', repr(view))}"
@@ -198,10 +208,25 @@ def distributed_lock(
             f"not {release!r}."
         )
 
+    # Checked here, reported by manage.py check (distlock.E022, E023) and,
+    # should the view be reached anyway, by the request: like a model
+    # field's arguments, not by an import-time traceback.
+    problems = [
+        text
+        for _, text in option_problems(
+            using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew
+        )
+    ]
+    described = _describe(template_or_callable)
+
     def decorator(view_func: Callable) -> Callable:
         name_of = _namer(template_or_callable, view_func)
 
         def make_lock(request, args, kwargs, asynchronous: bool = False) -> Lock:
+            if problems:
+                raise ImproperlyConfigured(
+                    f"{described} on view {_view_name(view_func)}: {problems[0]}."
+                )
             name = name_of(request, args, kwargs)
             options = {
                 "using": using,
@@ -255,12 +280,21 @@ def distributed_lock(
                     return view_func(request, *args, **kwargs)
 
         wrapper = wraps(view_func)(_view_wrapper)
-        # For the URL check (distlock.E020): the placeholders this view needs.
-        wrapper.distributed_lock_placeholders = (
-            tuple(PLACEHOLDER.findall(template_or_callable))
-            if isinstance(template_or_callable, str)
-            else ()
+        # For the URL checks (distlock.E020, E022, E023). wraps() copied
+        # those of a decorator below this one; keep them too.
+        wrapper.distributed_lock_placeholders = tuple(
+            dict.fromkeys(
+                getattr(wrapper, "distributed_lock_placeholders", ())
+                + (
+                    tuple(PLACEHOLDER.findall(template_or_callable))
+                    if isinstance(template_or_callable, str)
+                    else ()
+                )
+            )
         )
+        wrapper.distributed_lock_options = getattr(
+            wrapper, "distributed_lock_options", ()
+        ) + ((described, using, tuple(problems)),)
         return wrapper
 
     return decorator
@@ -268,7 +302,12 @@ def distributed_lock(
 
 @register(Tags.urls)
 def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
-    """Report ``<name>`` placeholders that no URL pattern of the view provides."""
+    """Report the ``distributed_lock`` views of the URLconf configured wrongly.
+
+    ``<name>`` placeholders that no URL pattern of the view provides
+    (distlock.E020), an unknown ``using=`` alias (E022), a bad ``ttl=``,
+    ``timeout=`` or ``auto_renew=`` (E023).
+    """
     from django.urls import URLPattern, URLResolver, get_resolver
 
     errors: list[CheckMessage] = []
@@ -283,6 +322,47 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 found += getattr(method, "distributed_lock_placeholders", ())
         return list(dict.fromkeys(found))
 
+    def options(callback) -> list[tuple[str, Any, tuple[str, ...]]]:
+        found = list(getattr(callback, "distributed_lock_options", ()))
+        view_class = getattr(callback, "view_class", None)
+        if view_class is not None:
+            for attr in view_class.http_method_names:
+                method = getattr(view_class, attr, None)
+                found += getattr(method, "distributed_lock_options", ())
+        return list(dict.fromkeys(found))
+
+    reported: set[tuple[str, str]] = set()
+
+    def check_options(entry) -> None:
+        view = entry.lookup_str
+        for described, using, problems in options(entry.callback):
+            messages = [
+                Error(
+                    f"{described} on view {view}: {text}.",
+                    hint="Pass ttl as a positive number of seconds, timeout as "
+                    "None or a number >= 0, auto_renew as a bool.",
+                    obj=view,
+                    id="distlock.E023",
+                )
+                for text in problems
+            ]
+            if isinstance(using, str) and using not in configured:
+                messages.append(
+                    Error(
+                        f"{described} on view {view}: using={using!r} is not an "
+                        "alias of settings.LOCKS.",
+                        hint=f"Use one of {sorted(configured)}, or add "
+                        f"LOCKS[{using!r}].",
+                        obj=view,
+                        id="distlock.E022",
+                    )
+                )
+            for message in messages:
+                # A view routed twice is reported once.
+                if (view, message.msg) not in reported:
+                    reported.add((view, message.msg))
+                    errors.append(message)
+
     def walk(patterns, given: frozenset, route: str) -> None:
         for entry in patterns:
             names = given | set(entry.pattern.regex.groupindex)
@@ -291,6 +371,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
             if isinstance(entry, URLResolver):
                 walk(entry.url_patterns, frozenset(names), here)
             elif isinstance(entry, URLPattern):
+                check_options(entry)
                 names |= set(entry.default_args or {})
                 for placeholder in needs(entry.callback):
                     if placeholder not in names:
@@ -310,6 +391,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
         patterns = get_resolver().url_patterns
     except Exception:  # a broken URLconf is reported by Django's own check
         return errors
+    configured = _configured_aliases()
     walk(patterns, frozenset(), "")
     return errors
 
@@ -329,6 +411,15 @@ def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _configured_aliases() -> set[str]:
+    from .handler import locks
+
+    try:
+        return set(locks.settings)
+    except Exception:  # a malformed LOCKS is reported by distlock.E001
+        return set()
 
 
 def _in_event_loop() -> bool:

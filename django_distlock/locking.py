@@ -10,6 +10,7 @@ import time
 import weakref
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
+from numbers import Real
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -25,10 +26,76 @@ acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
 
 
-def _check_seconds(what: str, value: float) -> float:
-    """Return ``value`` if it is a positive, finite number of seconds."""
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _seconds_problem(what: str, value: Any) -> tuple[type[Exception], str] | None:
+    """Return (error class, text) if ``value`` is not a positive, finite number."""
+    if type(value) is float or type(value) is int:  # the common case, fast
+        if value > 0 and value != math.inf:
+            return None
+    elif not _is_number(value):
+        return TypeError, (
+            f"{what} must be a number of seconds, not {value!r} "
+            f"({type(value).__name__})"
+        )
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}.")
+        return ValueError, f"{what} must be a positive number of seconds, not {value!r}"
+    return None
+
+
+def _timeout_problem(
+    value: Any, *, forever: tuple = (None,)
+) -> tuple[type[Exception], str] | None:
+    """Return (error class, text) if ``value`` is not a valid wait timeout."""
+    if value in forever and (value is None or _is_number(value)):
+        return None
+    allowed = "None, -1 or a number >= 0" if -1 in forever else "None or a number >= 0"
+    if not _is_number(value):
+        return TypeError, (
+            f"timeout must be {allowed} (seconds), not {value!r} "
+            f"({type(value).__name__})"
+        )
+    if not (value >= 0 and math.isfinite(value)):
+        return ValueError, f"timeout must be {allowed} (seconds), not {value!r}"
+    return None
+
+
+def option_problems(
+    *, using: Any, ttl: Any, timeout: Any, auto_renew: Any
+) -> list[tuple[type[Exception], str]]:
+    """Return what is wrong with the options of :func:`lock`, as (class, text).
+
+    An empty list means they are valid. The texts name the argument; callers
+    add the lock, so that each error is one sentence naming both.
+    """
+    problems = []
+    if not isinstance(using, str):
+        problems.append(
+            (TypeError, f"using must be a LOCKS alias (str), not {using!r}")
+        )
+    if ttl is not None:
+        problem = _seconds_problem("ttl", ttl)
+        if problem:
+            problems.append(problem)
+    if timeout is not DEFAULT:
+        problem = _timeout_problem(timeout)
+        if problem:
+            problems.append(problem)
+    if auto_renew is not None and not isinstance(auto_renew, bool):
+        problems.append(
+            (TypeError, f"auto_renew must be True, False or None, not {auto_renew!r}")
+        )
+    return problems
+
+
+def _check_seconds(name: str, what: str, value: Any) -> float:
+    """Return ``value`` if it is a positive, finite number of seconds."""
+    problem = _seconds_problem(what, value)
+    if problem:
+        error, text = problem
+        raise error(f"Lock {name!r}: {text}.")
     return value
 
 
@@ -72,11 +139,21 @@ class Lock(ContextDecorator):
         auto_renew: bool | None = None,
     ):
         if not isinstance(name, str):
-            raise TypeError(f"A lock name must be a str, not {type(name).__name__}.")
-        if ttl is not None:
-            _check_seconds("ttl", ttl)
-        if timeout is not DEFAULT and timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None or >= 0, not {timeout!r}.")
+            raise TypeError(
+                f"A lock name must be a str, not {name!r} ({type(name).__name__})."
+            )
+        if not (
+            ttl is None
+            and timeout is DEFAULT
+            and auto_renew is None
+            and using.__class__ is str
+        ):
+            problems = option_problems(
+                using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew
+            )
+            if problems:
+                error, text = problems[0]
+                raise error(f"Lock {name!r}: {text}.")
         self.name = name
         self.using = using
         self._ttl = ttl
@@ -130,10 +207,12 @@ class Lock(ContextDecorator):
             return 0
         if timeout is DEFAULT:
             return self.timeout
+        problem = _timeout_problem(timeout, forever=(None, -1))
+        if problem:
+            error, text = problem
+            raise error(f"Lock {self.name!r}: {text}.")
         if timeout is None or timeout == -1:
             return None
-        if timeout < 0:
-            raise ValueError(f"timeout must be None, -1 or >= 0, not {timeout!r}.")
         return timeout
 
     # -- sync API ---------------------------------------------------------
@@ -170,7 +249,11 @@ class Lock(ContextDecorator):
         it held it and lost it.
         """
         backend, lease = self._current()
-        seconds = self.ttl if seconds is None else _check_seconds("seconds", seconds)
+        seconds = (
+            self.ttl
+            if seconds is None
+            else _check_seconds(self.name, "seconds", seconds)
+        )
         if not backend.extend(lease, seconds):
             self._lost(backend, lease, "extend found the lease gone")
 
@@ -222,7 +305,11 @@ class Lock(ContextDecorator):
     async def aextend(self, seconds: float | None = None) -> None:
         """Async twin of :meth:`extend`."""
         backend, lease = self._current()
-        seconds = self.ttl if seconds is None else _check_seconds("seconds", seconds)
+        seconds = (
+            self.ttl
+            if seconds is None
+            else _check_seconds(self.name, "seconds", seconds)
+        )
         if not await backend.aextend(lease, seconds):
             self._lost(backend, lease, "extend found the lease gone")
 
@@ -410,17 +497,28 @@ def lock_name_for(model_or_instance, pk=None) -> str:
 
     if isinstance(model_or_instance, Model):
         if pk is not None:
-            raise TypeError("Pass either a model instance or a model class and pk.")
+            raise TypeError(
+                "lock_for() takes either a model instance, or a model class and "
+                f"pk=, not an instance and pk={pk!r}."
+            )
         pk = model_or_instance.pk
         model = type(model_or_instance)
         if pk is None:
             raise ValueError(
                 f"Cannot lock an unsaved {model.__name__} instance: its pk is None."
             )
-    else:
+    elif isinstance(model_or_instance, type) and issubclass(model_or_instance, Model):
         model = model_or_instance
         if pk is None:
-            raise ValueError(f"lock_for({model.__name__}) needs pk=...")
+            raise ValueError(
+                f"lock_for({model.__name__}) needs the pk of the row to lock: "
+                f"lock_for({model.__name__}, pk=...)."
+            )
+    else:
+        raise TypeError(
+            "lock_for() takes a model instance or a model class (and pk=), "
+            f"not {model_or_instance!r} ({type(model_or_instance).__name__})."
+        )
     meta = model._meta.concrete_model._meta
     return f"{meta.label_lower}:{pk}"
 
@@ -454,8 +552,8 @@ def lock_for(
         return lock(name, **options)
     if release != RELEASE_ON_COMMIT:
         raise ValueError(
-            f"release must be {RELEASE_ON_EXIT!r} or {RELEASE_ON_COMMIT!r}, "
-            f"not {release!r}."
+            f"Lock {name!r}: release must be {RELEASE_ON_EXIT!r} or "
+            f"{RELEASE_ON_COMMIT!r}, not {release!r}."
         )
     if database is None:
         from django.db import router

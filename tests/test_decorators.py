@@ -190,10 +190,45 @@ def test_system_check_reports_unknown_placeholders():
     assert any("<sku>" in e.msg and "BuyView" in e.msg for e in errors)
 
 
+@override_settings(ROOT_URLCONF="tests.urls_placeholders")
+def test_system_check_reports_bad_arguments():
+    from django.core.checks import run_checks
+
+    messages = run_checks()
+    (alias,) = [m for m in messages if m.id == "distlock.E022"]
+    assert alias.msg == (
+        "distributed_lock('bad:<sku>') on view tests.views.unknown_alias: "
+        "using='nope' is not an alias of settings.LOCKS."
+    )
+    assert "'default'" in alias.hint
+    bad = sorted(m.msg for m in messages if m.id == "distlock.E023")
+    assert bad == [
+        "distributed_lock('bad:<sku>') on view tests.views.BadTypesView: "
+        "ttl must be a number of seconds, not '30' (str).",
+        "distributed_lock('bad:<sku>') on view tests.views.bad_numbers: "
+        "timeout must be None or a number >= 0 (seconds), not -3.",
+        "distributed_lock('bad:<sku>') on view tests.views.bad_numbers: "
+        "ttl must be a positive number of seconds, not -1.",
+    ]
+    ours = [m for m in messages if m.id in ("distlock.E022", "distlock.E023")]
+    assert all(m.hint and m.obj.startswith("tests.views.") for m in ours)
+
+
+@override_settings(ROOT_URLCONF="tests.urls_placeholders")
+def test_bad_arguments_fail_the_request_with_the_same_sentence():
+    with pytest.raises(ImproperlyConfigured, match=r"ttl must be a positive"):
+        Client().get("/bad-numbers/b1/")
+    with pytest.raises(ImproperlyConfigured, match=r"ttl must be a number"):
+        Client().get("/bad-types/b1/")
+    with pytest.raises(ImproperlyConfigured, match="'nope'"):
+        Client().get("/unknown-alias/b1/")
+
+
 def test_system_check_clean_for_the_suite_urls():
     from django.core.checks import run_checks
 
-    assert [m for m in run_checks() if m.id in ("distlock.E020", "distlock.E021")] == []
+    ids = ("distlock.E020", "distlock.E021", "distlock.E022", "distlock.E023")
+    assert [m for m in run_checks() if m.id in ids] == []
     with override_settings(DISTLOCK_LOCKED_VIEW="tests.views.nope"):
         (error,) = [m for m in run_checks() if m.id == "distlock.E021"]
         assert "tests.views.nope" in error.msg

@@ -67,6 +67,22 @@ def misconfigured(request, sku, **kwargs):
     return HttpResponse("never")
 
 
+@distributed_lock("bad:<sku>", using="nope")
+def unknown_alias(request, sku):
+    return HttpResponse("never")
+
+
+@distributed_lock("bad:<sku>", ttl=-1, timeout=-3)
+def bad_numbers(request, sku):
+    return HttpResponse("never")
+
+
+@method_decorator(distributed_lock("bad:<sku>", ttl="30"), name="dispatch")
+class BadTypesView(View):
+    def get(self, request, sku):
+        return HttpResponse("never")
+
+
 def teapot(request, exception):
     return HttpResponse(f"busy: {type(exception).__name__}", status=418)
 
