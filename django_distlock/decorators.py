@@ -23,6 +23,7 @@ be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable
 from functools import wraps
@@ -52,6 +53,7 @@ __all__ = [
     "RETRY_AFTER_UNAVAILABLE",
     "distributed_lock",
     "locked_view",
+    "retry_after",
 ]
 
 #: ``Retry-After`` (seconds) of the default 423 answer.
@@ -83,8 +85,20 @@ def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
             status=423,
             content_type="text/plain; charset=utf-8",
         )
-        response["Retry-After"] = str(RETRY_AFTER_LOCKED)
+        response["Retry-After"] = str(retry_after(exception))
     return response
+
+
+def retry_after(exception: Exception) -> int:
+    """Return the ``Retry-After`` seconds for a lock that was busy.
+
+    The holder's remaining lease when the backend named the holder (rounded
+    up, at least 1 s), else :data:`RETRY_AFTER_LOCKED`.
+    """
+    expires_in = getattr(exception, "expires_in", None)
+    if expires_in is None:
+        return RETRY_AFTER_LOCKED
+    return max(1, math.ceil(expires_in))
 
 
 def _settings_handler() -> LockedHandler:

@@ -14,7 +14,7 @@ from numbers import Real
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from .backends.base import BaseLockBackend, Lease, running_task
+from .backends.base import BaseLockBackend, Holder, Lease, running_task
 from .exceptions import LockLost, LockNotAcquired, LockNotHeld
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .signals import lock_acquired, lock_contended, lock_released
@@ -266,7 +266,11 @@ class Lock(ContextDecorator):
 
     def __enter__(self) -> Lock:
         if not self.acquire():
-            raise LockNotAcquired(self._not_acquired_message(), name=self.name)
+            try:
+                holder = self.backend.holder_of(self.name)
+            except Exception:
+                holder = self._holder_unknown()
+            raise self._not_acquired(holder)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -328,7 +332,11 @@ class Lock(ContextDecorator):
         started = time.monotonic()
         lease = await backend.aacquire(self.name, ttl, wait)
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
-            raise LockNotAcquired(self._not_acquired_message(), name=self.name)
+            try:
+                holder = await backend.aholder_of(self.name)
+            except Exception:
+                holder = self._holder_unknown()
+            raise self._not_acquired(holder)
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -410,8 +418,30 @@ class Lock(ContextDecorator):
             )
         return True
 
-    def _not_acquired_message(self) -> str:
-        message = f"Lock {self.name!r} was not acquired within {self.timeout} s."
+    def _holder_unknown(self) -> None:
+        # Naming the holder is a courtesy: its failure must not replace the
+        # LockNotAcquired being raised.
+        acquire_log.debug(
+            "Could not look up the holder of %r", self.name, exc_info=True
+        )
+        return None
+
+    def _not_acquired(self, holder: Holder | None) -> LockNotAcquired:
+        """Return the LockNotAcquired to raise, naming ``holder`` if known."""
+        message = f"Lock {self.name!r} was not acquired within {self.timeout} s"
+        expires_in = None
+        if holder is None:
+            message += "."
+        else:
+            message += f": it is held by {holder.holder}"
+            acquired = holder.acquired_at
+            if acquired is not None:
+                message += f" since {acquired.isoformat(timespec='seconds')}"
+            expires = holder.expires_ts
+            if expires is not None:
+                expires_in = max(0.0, expires - time.time())
+                message += f", its lease expiring in {expires_in:.1f} s"
+            message += "."
         key = (self.backend.alias, self.name, *_caller())
         try:
             nested = key in list(_held_by.values())
@@ -424,7 +454,9 @@ class Lock(ContextDecorator):
                 "django_distlock.backends.redis.ReentrantRedisLockBackend for "
                 "locks that their holder takes again."
             )
-        return message
+        return LockNotAcquired(
+            message, name=self.name, holder=holder, expires_in=expires_in
+        )
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
