@@ -23,6 +23,7 @@ be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
-from .exceptions import LockBackendError, LockNotAcquired
+from .exceptions import LockBackendError, LockLost, LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import (
     RELEASE_ON_COMMIT,
@@ -55,6 +56,8 @@ __all__ = [
     "locked_view",
     "retry_after",
 ]
+
+release_log = logging.getLogger("django_distlock.release")
 
 #: ``Retry-After`` (seconds) of the default 423 answer.
 RETRY_AFTER_LOCKED = 1
@@ -207,6 +210,15 @@ def distributed_lock(
     async views (Django runs them outside request transactions), the lock is
     released when the view returns, as with ``release="on_exit"``.
 
+    A lease lost while the view ran (it expired during a long pause, or an
+    operator force-released it) does not turn the view's answer into a 500:
+    the view's side effects happened, so its response is sent, and the loss
+    is reported by the ``lock_lost`` signal and a warning on the
+    ``django_distlock.release`` logger naming the view and the request. The
+    same goes for a release the backend could not confirm. To make the
+    database refuse writes from a holder whose lease was lost, use fencing
+    (``save(fence=...)``).
+
     Works on function views, async views, and class-based views through
     ``method_decorator(distributed_lock(...), name="dispatch")`` (sync or
     async ones: Django runs sync views off the event loop, so a wrapped
@@ -265,11 +277,17 @@ def distributed_lock(
                 if hasattr(response, "__await__"):  # an async handler
                     response = await response
                 return response
-            async with _Entered(held):
-                response = view_func(request, *args, **kwargs)
-                if hasattr(response, "__await__"):
-                    response = await response
-                return response
+            response = None
+            try:
+                async with _Entered(held):
+                    response = view_func(request, *args, **kwargs)
+                    if hasattr(response, "__await__"):
+                        response = await response
+            except (LockLost, LockBackendError) as exc:
+                if response is None:  # the view raised it
+                    raise
+                _answered_anyway(request, view_func, held, response, exc)
+            return response
 
         if iscoroutinefunction(view_func) or asgiref_iscoroutinefunction(view_func):
 
@@ -290,8 +308,15 @@ def distributed_lock(
                     held.__enter__()
                 except (LockNotAcquired, LockBackendError) as exc:
                     return refuse(request, exc)
-                with _Entered(held):
-                    return view_func(request, *args, **kwargs)
+                response = None
+                try:
+                    with _Entered(held):
+                        response = view_func(request, *args, **kwargs)
+                except (LockLost, LockBackendError) as exc:
+                    if response is None:  # the view raised it
+                        raise
+                    _answered_anyway(request, view_func, held, response, exc)
+                return response
 
         wrapper = wraps(view_func)(_view_wrapper)
         # For the URL checks (distlock.E020, E022, E023). wraps() copied
@@ -434,6 +459,34 @@ def _configured_aliases() -> set[str]:
         return set(locks.settings)
     except Exception:  # a malformed LOCKS is reported by distlock.E001
         return set()
+
+
+def _answered_anyway(
+    request: HttpRequest,
+    view: Callable,
+    held: Lock,
+    response: HttpResponse,
+    exc: Exception,
+) -> None:
+    """Log a lease lost (or not released) after the view ran; keep its answer.
+
+    The view's side effects happened and its response is true: a 500 would
+    only hide them. A lost lease was already signalled (``lock_lost``) and
+    logged by ``django_distlock.renew``; a release the backend refused
+    leaves the lease to expire after its ttl.
+    """
+    what = "was lost" if isinstance(exc, LockLost) else "could not be released"
+    release_log.warning(
+        "Lock %r %s while view %s answered %s %s; its response (%s) was sent "
+        "anyway: %s",
+        held.name,
+        what,
+        _view_name(view),
+        request.method,
+        request.get_full_path(),
+        getattr(response, "status_code", "?"),
+        exc,
+    )
 
 
 def _in_event_loop() -> bool:

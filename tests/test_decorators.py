@@ -114,6 +114,42 @@ def with_timeout(seconds):
     }
 
 
+def test_lease_lost_while_the_view_ran_keeps_its_response(backend_kind, caplog):
+    from django_distlock.signals import lock_lost
+
+    lost = []
+
+    def record(sender, name, reason, **kwargs):
+        lost.append(name)
+
+    lock_lost.connect(record)
+    try:
+        with caplog.at_level("WARNING", logger="django_distlock.release"):
+            response = Client().get("/loses/l1/")
+            assert response.status_code == 201
+            assert response.content == b"done anyway"
+            response = async_to_sync(AsyncClient().get)("/aloses/l2/")
+            assert response.status_code == 201
+    finally:
+        lock_lost.disconnect(record)
+    assert lost == ["lost:l1", "lost:l2"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        "Lock 'lost:l1' was lost while view tests.views.loses_its_lock answered "
+        "GET /loses/l1/; its response (201) was sent anyway" in m
+        for m in messages
+    ), messages
+    assert any("'lost:l2' was lost while view" in m for m in messages)
+    # The lock is free again.
+    with lock("lost:l1", timeout=0), lock("lost:l2", timeout=0):
+        pass
+
+
+def test_view_error_propagates_unchanged_when_the_lease_was_lost(backend_kind):
+    with pytest.raises(ValueError, match="the view's own error"):
+        Client().get("/loses-and-raises/l3/")
+
+
 def test_busy_cbv_is_423(backend_kind):
     with lock("cbv:a3", timeout=0):
         assert Client().get("/cbv/a3/").status_code == 423

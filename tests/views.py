@@ -4,12 +4,13 @@ import asyncio
 import threading
 import time
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_distlock import distributed_lock, lock
+from django_distlock import distributed_lock, lock, locks
 
 from .testapp.models import Product
 
@@ -81,6 +82,30 @@ def bad_numbers(request, sku):
 class BadTypesView(View):
     def get(self, request, sku):
         return HttpResponse("never")
+
+
+def _clear_own_lock(name: str) -> None:
+    # An operator's force-release while the view runs (locks clear NAME).
+    backend = locks["default"]
+    backend.force_release(name, backend.holder_of(name).token)
+
+
+@distributed_lock("lost:<sku>")
+def loses_its_lock(request, sku):
+    _clear_own_lock(f"lost:{sku}")
+    return HttpResponse("done anyway", status=201)
+
+
+@distributed_lock("lost:<sku>")
+async def aloses_its_lock(request, sku):
+    await sync_to_async(_clear_own_lock)(f"lost:{sku}")
+    return HttpResponse("async done anyway", status=201)
+
+
+@distributed_lock("lost:<sku>")
+def loses_and_raises(request, sku):
+    _clear_own_lock(f"lost:{sku}")
+    raise ValueError("the view's own error")
 
 
 def teapot(request, exception):
