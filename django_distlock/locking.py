@@ -15,7 +15,12 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from .backends.base import BaseLockBackend, Holder, Lease, running_task
-from .exceptions import LockLost, LockNotAcquired, LockNotHeld
+from .exceptions import (
+    InvalidLockBackendError,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+)
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .signals import lock_acquired, lock_contended, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
@@ -170,7 +175,11 @@ class Lock(ContextDecorator):
     @property
     def backend(self) -> BaseLockBackend:
         """The backend of this lock's alias."""
-        return locks[self.using]
+        try:
+            return locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
 
     @property
     def ttl(self) -> float:
@@ -291,7 +300,11 @@ class Lock(ContextDecorator):
         self, blocking: bool = True, timeout: float | None = DEFAULT
     ) -> bool:
         """Async twin of :meth:`acquire`."""
-        backend = locks[self.using]
+        try:
+            backend = locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
@@ -326,7 +339,11 @@ class Lock(ContextDecorator):
 
     async def __aenter__(self) -> Lock:
         # aacquire(), inlined: one coroutine less per cycle.
-        backend = locks[self.using]
+        try:
+            backend = locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
@@ -417,6 +434,16 @@ class Lock(ContextDecorator):
                 wait=waited,
             )
         return True
+
+    def _no_such_alias(self) -> None:
+        """Raise a clearer error if ``using`` is no alias (else return)."""
+        if self.using in locks.settings:
+            return  # the alias's backend cannot load: that message is clear
+        configured = ", ".join(map(repr, locks.settings))
+        raise InvalidLockBackendError(
+            f"Lock {self.name!r}: using={self.using!r} is not an alias of "
+            f"settings.LOCKS (configured: {configured})."
+        ) from None
 
     def _holder_unknown(self) -> None:
         # Naming the holder is a courtesy: its failure must not replace the
