@@ -28,6 +28,10 @@ distlock.E017  The backend's driver (redis-py, kazoo) is not installed.
 distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
                to the view (registered in ``decorators.py``).
 distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).
+distlock.E022  A ``distributed_lock`` view's ``using=`` names no ``LOCKS`` alias
+               (``decorators.py``).
+distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=`` or
+               ``auto_renew=`` is invalid (``decorators.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.

@@ -15,12 +15,16 @@ dotted path to a view ``(request, exception)`` in the manner of Django's
 System checks: ``distlock.E020`` when a name template's ``<placeholder>``
 matches no URL kwarg of a route to the view (the request would fail with
 ImproperlyConfigured), ``distlock.E021`` when ``DISTLOCK_LOCKED_VIEW`` cannot
-be imported.
+be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
+``distlock.E023`` when ``ttl=``, ``timeout=`` or ``auto_renew=`` is invalid
+(those two also fail the request, should it come).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import re
 from collections.abc import Callable
 from functools import wraps
@@ -35,14 +39,14 @@ from django.db import DEFAULT_DB_ALIAS
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
-from .exceptions import LockBackendError, LockNotAcquired
+from .exceptions import LockBackendError, LockLost, LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import (
-    DEFAULT,
     RELEASE_ON_COMMIT,
     RELEASE_ON_EXIT,
     Lock,
     OnCommitLock,
+    option_problems,
 )
 
 __all__ = [
@@ -50,7 +54,10 @@ __all__ = [
     "RETRY_AFTER_UNAVAILABLE",
     "distributed_lock",
     "locked_view",
+    "retry_after",
 ]
+
+release_log = logging.getLogger("django_distlock.release")
 
 #: ``Retry-After`` (seconds) of the default 423 answer.
 RETRY_AFTER_LOCKED = 1
@@ -81,8 +88,20 @@ def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
             status=423,
             content_type="text/plain; charset=utf-8",
         )
-        response["Retry-After"] = str(RETRY_AFTER_LOCKED)
+        response["Retry-After"] = str(retry_after(exception))
     return response
+
+
+def retry_after(exception: Exception) -> int:
+    """Return the ``Retry-After`` seconds for a lock that was busy.
+
+    The holder's remaining lease when the backend named the holder (rounded
+    up, at least 1 s), else :data:`RETRY_AFTER_LOCKED`.
+    """
+    expires_in = getattr(exception, "expires_in", None)
+    if expires_in is None:
+        return RETRY_AFTER_LOCKED
+    return max(1, math.ceil(expires_in))
 
 
 def _settings_handler() -> LockedHandler:
@@ -140,6 +159,13 @@ def _namer(
     return from_template
 
 
+def _describe(template_or_callable: Any) -> str:
+    """Return ``distributed_lock(<template>)`` for messages."""
+    if isinstance(template_or_callable, str):
+        return f"distributed_lock({template_or_callable!r})"
+    return f"distributed_lock({getattr(template_or_callable, '__qualname__', '...')})"
+
+
 def _view_name(view: Callable) -> str:
     module = getattr(view, "__module__", "?")
     return f"{module}.{getattr(view, '__qualname__', repr(view))}"
@@ -150,7 +176,7 @@ def distributed_lock(
     *,
     using: str = DEFAULT_LOCK_ALIAS,
     ttl: float | None = None,
-    timeout: float | None = DEFAULT,
+    timeout: float | None = 0,
     auto_renew: bool | None = None,
     on_locked: LockedHandler | None = None,
     release: str = RELEASE_ON_COMMIT,
@@ -167,8 +193,11 @@ def distributed_lock(
     placeholder and the view.
 
     ``using``, ``ttl``, ``timeout`` and ``auto_renew`` are those of
-    :func:`~django_distlock.lock`. If the lock is still busy after
-    ``timeout`` or the backend is unreachable, the view is not run and
+    :func:`~django_distlock.lock`, except that ``timeout`` defaults to 0, not
+    to the alias's ``TIMEOUT``: a busy resource answers at once instead of
+    tying up a worker; an explicit ``timeout`` waits as ``lock()`` does. If
+    the lock is still busy after ``timeout`` or the backend is unreachable,
+    the view is not run and
     ``on_locked(request, exception)`` answers (default: the
     ``DISTLOCK_LOCKED_VIEW`` setting, itself defaulting to
     :func:`locked_view`: 423 or 503 with ``Retry-After``).
@@ -180,6 +209,15 @@ def distributed_lock(
     (see :class:`~django_distlock.locking.OnCommitLock`). Elsewhere, and for
     async views (Django runs them outside request transactions), the lock is
     released when the view returns, as with ``release="on_exit"``.
+
+    A lease lost while the view ran (it expired during a long pause, or an
+    operator force-released it) does not turn the view's answer into a 500:
+    the view's side effects happened, so its response is sent, and the loss
+    is reported by the ``lock_lost`` signal and a warning on the
+    ``django_distlock.release`` logger naming the view and the request. The
+    same goes for a release the backend could not confirm. To make the
+    database refuse writes from a holder whose lease was lost, use fencing
+    (``save(fence=...)``).
 
     Works on function views, async views, and class-based views through
     ``method_decorator(distributed_lock(...), name="dispatch")`` (sync or
@@ -196,10 +234,25 @@ def distributed_lock(
             f"not {release!r}."
         )
 
+    # Checked here, reported by manage.py check (distlock.E022, E023) and,
+    # should the view be reached anyway, by the request: like a model
+    # field's arguments, not by an import-time traceback.
+    problems = [
+        text
+        for _, text in option_problems(
+            using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew
+        )
+    ]
+    described = _describe(template_or_callable)
+
     def decorator(view_func: Callable) -> Callable:
         name_of = _namer(template_or_callable, view_func)
 
         def make_lock(request, args, kwargs, asynchronous: bool = False) -> Lock:
+            if problems:
+                raise ImproperlyConfigured(
+                    f"{described} on view {_view_name(view_func)}: {problems[0]}."
+                )
             name = name_of(request, args, kwargs)
             options = {
                 "using": using,
@@ -224,11 +277,17 @@ def distributed_lock(
                 if hasattr(response, "__await__"):  # an async handler
                     response = await response
                 return response
-            async with _Entered(held):
-                response = view_func(request, *args, **kwargs)
-                if hasattr(response, "__await__"):
-                    response = await response
-                return response
+            response = None
+            try:
+                async with _Entered(held):
+                    response = view_func(request, *args, **kwargs)
+                    if hasattr(response, "__await__"):
+                        response = await response
+            except (LockLost, LockBackendError) as exc:
+                if response is None:  # the view raised it
+                    raise
+                _answered_anyway(request, view_func, held, response, exc)
+            return response
 
         if iscoroutinefunction(view_func) or asgiref_iscoroutinefunction(view_func):
 
@@ -249,16 +308,32 @@ def distributed_lock(
                     held.__enter__()
                 except (LockNotAcquired, LockBackendError) as exc:
                     return refuse(request, exc)
-                with _Entered(held):
-                    return view_func(request, *args, **kwargs)
+                response = None
+                try:
+                    with _Entered(held):
+                        response = view_func(request, *args, **kwargs)
+                except (LockLost, LockBackendError) as exc:
+                    if response is None:  # the view raised it
+                        raise
+                    _answered_anyway(request, view_func, held, response, exc)
+                return response
 
         wrapper = wraps(view_func)(_view_wrapper)
-        # For the URL check (distlock.E020): the placeholders this view needs.
-        wrapper.distributed_lock_placeholders = (
-            tuple(PLACEHOLDER.findall(template_or_callable))
-            if isinstance(template_or_callable, str)
-            else ()
+        # For the URL checks (distlock.E020, E022, E023). wraps() copied
+        # those of a decorator below this one; keep them too.
+        wrapper.distributed_lock_placeholders = tuple(
+            dict.fromkeys(
+                getattr(wrapper, "distributed_lock_placeholders", ())
+                + (
+                    tuple(PLACEHOLDER.findall(template_or_callable))
+                    if isinstance(template_or_callable, str)
+                    else ()
+                )
+            )
         )
+        wrapper.distributed_lock_options = getattr(
+            wrapper, "distributed_lock_options", ()
+        ) + ((described, using, tuple(problems)),)
         return wrapper
 
     return decorator
@@ -266,7 +341,12 @@ def distributed_lock(
 
 @register(Tags.urls)
 def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
-    """Report ``<name>`` placeholders that no URL pattern of the view provides."""
+    """Report the ``distributed_lock`` views of the URLconf configured wrongly.
+
+    ``<name>`` placeholders that no URL pattern of the view provides
+    (distlock.E020), an unknown ``using=`` alias (E022), a bad ``ttl=``,
+    ``timeout=`` or ``auto_renew=`` (E023).
+    """
     from django.urls import URLPattern, URLResolver, get_resolver
 
     errors: list[CheckMessage] = []
@@ -281,6 +361,47 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 found += getattr(method, "distributed_lock_placeholders", ())
         return list(dict.fromkeys(found))
 
+    def options(callback) -> list[tuple[str, Any, tuple[str, ...]]]:
+        found = list(getattr(callback, "distributed_lock_options", ()))
+        view_class = getattr(callback, "view_class", None)
+        if view_class is not None:
+            for attr in view_class.http_method_names:
+                method = getattr(view_class, attr, None)
+                found += getattr(method, "distributed_lock_options", ())
+        return list(dict.fromkeys(found))
+
+    reported: set[tuple[str, str]] = set()
+
+    def check_options(entry) -> None:
+        view = entry.lookup_str
+        for described, using, problems in options(entry.callback):
+            messages = [
+                Error(
+                    f"{described} on view {view}: {text}.",
+                    hint="Pass ttl as a positive number of seconds, timeout as "
+                    "None or a number >= 0, auto_renew as a bool.",
+                    obj=view,
+                    id="distlock.E023",
+                )
+                for text in problems
+            ]
+            if isinstance(using, str) and using not in configured:
+                messages.append(
+                    Error(
+                        f"{described} on view {view}: using={using!r} is not an "
+                        "alias of settings.LOCKS.",
+                        hint=f"Use one of {sorted(configured)}, or add "
+                        f"LOCKS[{using!r}].",
+                        obj=view,
+                        id="distlock.E022",
+                    )
+                )
+            for message in messages:
+                # A view routed twice is reported once.
+                if (view, message.msg) not in reported:
+                    reported.add((view, message.msg))
+                    errors.append(message)
+
     def walk(patterns, given: frozenset, route: str) -> None:
         for entry in patterns:
             names = given | set(entry.pattern.regex.groupindex)
@@ -289,6 +410,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
             if isinstance(entry, URLResolver):
                 walk(entry.url_patterns, frozenset(names), here)
             elif isinstance(entry, URLPattern):
+                check_options(entry)
                 names |= set(entry.default_args or {})
                 for placeholder in needs(entry.callback):
                     if placeholder not in names:
@@ -308,6 +430,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
         patterns = get_resolver().url_patterns
     except Exception:  # a broken URLconf is reported by Django's own check
         return errors
+    configured = _configured_aliases()
     walk(patterns, frozenset(), "")
     return errors
 
@@ -327,6 +450,43 @@ def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _configured_aliases() -> set[str]:
+    from .handler import locks
+
+    try:
+        return set(locks.settings)
+    except Exception:  # a malformed LOCKS is reported by distlock.E001
+        return set()
+
+
+def _answered_anyway(
+    request: HttpRequest,
+    view: Callable,
+    held: Lock,
+    response: HttpResponse,
+    exc: Exception,
+) -> None:
+    """Log a lease lost (or not released) after the view ran; keep its answer.
+
+    The view's side effects happened and its response is true: a 500 would
+    only hide them. A lost lease was already signalled (``lock_lost``) and
+    logged by ``django_distlock.renew``; a release the backend refused
+    leaves the lease to expire after its ttl.
+    """
+    what = "was lost" if isinstance(exc, LockLost) else "could not be released"
+    release_log.warning(
+        "Lock %r %s while view %s answered %s %s; its response (%s) was sent "
+        "anyway: %s",
+        held.name,
+        what,
+        _view_name(view),
+        request.method,
+        request.get_full_path(),
+        getattr(response, "status_code", "?"),
+        exc,
+    )
 
 
 def _in_event_loop() -> bool:

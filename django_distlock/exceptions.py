@@ -6,7 +6,14 @@ drivers) never leak: backends re-raise them as :class:`LockBackendError`
 with the original chained as ``__cause__``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from .backends.base import Holder
 
 __all__ = [
     "InvalidLockBackendError",
@@ -28,7 +35,26 @@ class LockError(Exception):
 
 
 class LockNotAcquired(LockError):
-    """The lock was not acquired within the wait timeout (contention)."""
+    """The lock was not acquired within the wait timeout (contention).
+
+    ``holder`` is the :class:`~django_distlock.backends.base.Holder` that
+    held it when the wait ended, and ``expires_in`` the seconds left on that
+    holder's lease then; each is None when the backend could not tell (or
+    the lock was freed in between). A renewed lease lasts longer than
+    ``expires_in``: it says when to try again, not when the lock is free.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        name: str | None = None,
+        holder: Holder | None = None,
+        expires_in: float | None = None,
+    ):
+        super().__init__(message, name=name)
+        self.holder = holder
+        self.expires_in = expires_in
 
 
 class LockBackendError(LockError):

@@ -10,11 +10,17 @@ import time
 import weakref
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
+from numbers import Real
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from .backends.base import BaseLockBackend, Lease, running_task
-from .exceptions import LockLost, LockNotAcquired, LockNotHeld
+from .backends.base import BaseLockBackend, Holder, Lease, running_task
+from .exceptions import (
+    InvalidLockBackendError,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+)
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .signals import lock_acquired, lock_contended, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
@@ -25,10 +31,76 @@ acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
 
 
-def _check_seconds(what: str, value: float) -> float:
-    """Return ``value`` if it is a positive, finite number of seconds."""
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _seconds_problem(what: str, value: Any) -> tuple[type[Exception], str] | None:
+    """Return (error class, text) if ``value`` is not a positive, finite number."""
+    if type(value) is float or type(value) is int:  # the common case, fast
+        if value > 0 and value != math.inf:
+            return None
+    elif not _is_number(value):
+        return TypeError, (
+            f"{what} must be a number of seconds, not {value!r} "
+            f"({type(value).__name__})"
+        )
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}.")
+        return ValueError, f"{what} must be a positive number of seconds, not {value!r}"
+    return None
+
+
+def _timeout_problem(
+    value: Any, *, forever: tuple = (None,)
+) -> tuple[type[Exception], str] | None:
+    """Return (error class, text) if ``value`` is not a valid wait timeout."""
+    if value in forever and (value is None or _is_number(value)):
+        return None
+    allowed = "None, -1 or a number >= 0" if -1 in forever else "None or a number >= 0"
+    if not _is_number(value):
+        return TypeError, (
+            f"timeout must be {allowed} (seconds), not {value!r} "
+            f"({type(value).__name__})"
+        )
+    if not (value >= 0 and math.isfinite(value)):
+        return ValueError, f"timeout must be {allowed} (seconds), not {value!r}"
+    return None
+
+
+def option_problems(
+    *, using: Any, ttl: Any, timeout: Any, auto_renew: Any
+) -> list[tuple[type[Exception], str]]:
+    """Return what is wrong with the options of :func:`lock`, as (class, text).
+
+    An empty list means they are valid. The texts name the argument; callers
+    add the lock, so that each error is one sentence naming both.
+    """
+    problems = []
+    if not isinstance(using, str):
+        problems.append(
+            (TypeError, f"using must be a LOCKS alias (str), not {using!r}")
+        )
+    if ttl is not None:
+        problem = _seconds_problem("ttl", ttl)
+        if problem:
+            problems.append(problem)
+    if timeout is not DEFAULT:
+        problem = _timeout_problem(timeout)
+        if problem:
+            problems.append(problem)
+    if auto_renew is not None and not isinstance(auto_renew, bool):
+        problems.append(
+            (TypeError, f"auto_renew must be True, False or None, not {auto_renew!r}")
+        )
+    return problems
+
+
+def _check_seconds(name: str, what: str, value: Any) -> float:
+    """Return ``value`` if it is a positive, finite number of seconds."""
+    problem = _seconds_problem(what, value)
+    if problem:
+        error, text = problem
+        raise error(f"Lock {name!r}: {text}.")
     return value
 
 
@@ -72,11 +144,21 @@ class Lock(ContextDecorator):
         auto_renew: bool | None = None,
     ):
         if not isinstance(name, str):
-            raise TypeError(f"A lock name must be a str, not {type(name).__name__}.")
-        if ttl is not None:
-            _check_seconds("ttl", ttl)
-        if timeout is not DEFAULT and timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None or >= 0, not {timeout!r}.")
+            raise TypeError(
+                f"A lock name must be a str, not {name!r} ({type(name).__name__})."
+            )
+        if not (
+            ttl is None
+            and timeout is DEFAULT
+            and auto_renew is None
+            and using.__class__ is str
+        ):
+            problems = option_problems(
+                using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew
+            )
+            if problems:
+                error, text = problems[0]
+                raise error(f"Lock {name!r}: {text}.")
         self.name = name
         self.using = using
         self._ttl = ttl
@@ -93,7 +175,11 @@ class Lock(ContextDecorator):
     @property
     def backend(self) -> BaseLockBackend:
         """The backend of this lock's alias."""
-        return locks[self.using]
+        try:
+            return locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
 
     @property
     def ttl(self) -> float:
@@ -130,10 +216,12 @@ class Lock(ContextDecorator):
             return 0
         if timeout is DEFAULT:
             return self.timeout
+        problem = _timeout_problem(timeout, forever=(None, -1))
+        if problem:
+            error, text = problem
+            raise error(f"Lock {self.name!r}: {text}.")
         if timeout is None or timeout == -1:
             return None
-        if timeout < 0:
-            raise ValueError(f"timeout must be None, -1 or >= 0, not {timeout!r}.")
         return timeout
 
     # -- sync API ---------------------------------------------------------
@@ -170,7 +258,11 @@ class Lock(ContextDecorator):
         it held it and lost it.
         """
         backend, lease = self._current()
-        seconds = self.ttl if seconds is None else _check_seconds("seconds", seconds)
+        seconds = (
+            self.ttl
+            if seconds is None
+            else _check_seconds(self.name, "seconds", seconds)
+        )
         if not backend.extend(lease, seconds):
             self._lost(backend, lease, "extend found the lease gone")
 
@@ -183,7 +275,11 @@ class Lock(ContextDecorator):
 
     def __enter__(self) -> Lock:
         if not self.acquire():
-            raise LockNotAcquired(self._not_acquired_message(), name=self.name)
+            try:
+                holder = self.backend.holder_of(self.name)
+            except Exception:
+                holder = self._holder_unknown()
+            raise self._not_acquired(holder)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -204,7 +300,11 @@ class Lock(ContextDecorator):
         self, blocking: bool = True, timeout: float | None = DEFAULT
     ) -> bool:
         """Async twin of :meth:`acquire`."""
-        backend = locks[self.using]
+        try:
+            backend = locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
@@ -222,7 +322,11 @@ class Lock(ContextDecorator):
     async def aextend(self, seconds: float | None = None) -> None:
         """Async twin of :meth:`extend`."""
         backend, lease = self._current()
-        seconds = self.ttl if seconds is None else _check_seconds("seconds", seconds)
+        seconds = (
+            self.ttl
+            if seconds is None
+            else _check_seconds(self.name, "seconds", seconds)
+        )
         if not await backend.aextend(lease, seconds):
             self._lost(backend, lease, "extend found the lease gone")
 
@@ -235,13 +339,21 @@ class Lock(ContextDecorator):
 
     async def __aenter__(self) -> Lock:
         # aacquire(), inlined: one coroutine less per cycle.
-        backend = locks[self.using]
+        try:
+            backend = locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
         lease = await backend.aacquire(self.name, ttl, wait)
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
-            raise LockNotAcquired(self._not_acquired_message(), name=self.name)
+            try:
+                holder = await backend.aholder_of(self.name)
+            except Exception:
+                holder = self._holder_unknown()
+            raise self._not_acquired(holder)
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -323,8 +435,40 @@ class Lock(ContextDecorator):
             )
         return True
 
-    def _not_acquired_message(self) -> str:
-        message = f"Lock {self.name!r} was not acquired within {self.timeout} s."
+    def _no_such_alias(self) -> None:
+        """Raise a clearer error if ``using`` is no alias (else return)."""
+        if self.using in locks.settings:
+            return  # the alias's backend cannot load: that message is clear
+        configured = ", ".join(map(repr, locks.settings))
+        raise InvalidLockBackendError(
+            f"Lock {self.name!r}: using={self.using!r} is not an alias of "
+            f"settings.LOCKS (configured: {configured})."
+        ) from None
+
+    def _holder_unknown(self) -> None:
+        # Naming the holder is a courtesy: its failure must not replace the
+        # LockNotAcquired being raised.
+        acquire_log.debug(
+            "Could not look up the holder of %r", self.name, exc_info=True
+        )
+        return None
+
+    def _not_acquired(self, holder: Holder | None) -> LockNotAcquired:
+        """Return the LockNotAcquired to raise, naming ``holder`` if known."""
+        message = f"Lock {self.name!r} was not acquired within {self.timeout} s"
+        expires_in = None
+        if holder is None:
+            message += "."
+        else:
+            message += f": it is held by {holder.holder}"
+            acquired = holder.acquired_at
+            if acquired is not None:
+                message += f" since {acquired.isoformat(timespec='seconds')}"
+            expires = holder.expires_ts
+            if expires is not None:
+                expires_in = max(0.0, expires - time.time())
+                message += f", its lease expiring in {expires_in:.1f} s"
+            message += "."
         key = (self.backend.alias, self.name, *_caller())
         try:
             nested = key in list(_held_by.values())
@@ -337,7 +481,9 @@ class Lock(ContextDecorator):
                 "django_distlock.backends.redis.ReentrantRedisLockBackend for "
                 "locks that their holder takes again."
             )
-        return message
+        return LockNotAcquired(
+            message, name=self.name, holder=holder, expires_in=expires_in
+        )
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
@@ -410,17 +556,28 @@ def lock_name_for(model_or_instance, pk=None) -> str:
 
     if isinstance(model_or_instance, Model):
         if pk is not None:
-            raise TypeError("Pass either a model instance or a model class and pk.")
+            raise TypeError(
+                "lock_for() takes either a model instance, or a model class and "
+                f"pk=, not an instance and pk={pk!r}."
+            )
         pk = model_or_instance.pk
         model = type(model_or_instance)
         if pk is None:
             raise ValueError(
                 f"Cannot lock an unsaved {model.__name__} instance: its pk is None."
             )
-    else:
+    elif isinstance(model_or_instance, type) and issubclass(model_or_instance, Model):
         model = model_or_instance
         if pk is None:
-            raise ValueError(f"lock_for({model.__name__}) needs pk=...")
+            raise ValueError(
+                f"lock_for({model.__name__}) needs the pk of the row to lock: "
+                f"lock_for({model.__name__}, pk=...)."
+            )
+    else:
+        raise TypeError(
+            "lock_for() takes a model instance or a model class (and pk=), "
+            f"not {model_or_instance!r} ({type(model_or_instance).__name__})."
+        )
     meta = model._meta.concrete_model._meta
     return f"{meta.label_lower}:{pk}"
 
@@ -454,8 +611,8 @@ def lock_for(
         return lock(name, **options)
     if release != RELEASE_ON_COMMIT:
         raise ValueError(
-            f"release must be {RELEASE_ON_EXIT!r} or {RELEASE_ON_COMMIT!r}, "
-            f"not {release!r}."
+            f"Lock {name!r}: release must be {RELEASE_ON_EXIT!r} or "
+            f"{RELEASE_ON_COMMIT!r}, not {release!r}."
         )
     if database is None:
         from django.db import router

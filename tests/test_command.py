@@ -19,6 +19,7 @@ from django_distlock.backends.base import Holder
 
 from .conftest import redis_locks
 from .procs import start_process
+from .servers import RedisServer
 from .surface import (
     down_locks,
     fill_redis,
@@ -96,16 +97,71 @@ def test_prefix_is_literal(backend_kind):
             h.release()
 
 
-def test_unreachable_backend_is_reported_and_others_listed(redis_url):
-    setting = {**redis_locks(redis_url), "down": down_locks()["default"]}
-    with override_settings(LOCKS=setting), lock("still:listed", timeout=0):
-        out, err = run("list", "--format", "json")
-        assert [r["name"] for r in json.loads(out)] == ["still:listed"]
-        assert "'down'" in err
-        out, err = run("list")
-        assert "still:listed" in out and "'down'" in err
-        out, err = run("list", "--using", "down")
-        assert "No locks are held." in out and "'down'" in err
+def run_failing(*args):
+    """Run the command; return (stdout, stderr, exit status)."""
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("locks", *args, stdout=out, stderr=err)
+    except SystemExit as e:
+        return out.getvalue(), err.getvalue(), e.code
+    except CommandError as e:
+        return out.getvalue(), err.getvalue() + f"CommandError: {e}\n", e.returncode
+    return out.getvalue(), err.getvalue(), 0
+
+
+def test_a_backend_down_is_never_reported_as_empty(redis_url):
+    doomed = RedisServer().start()
+    down = {
+        **redis_locks(doomed.url)["default"],
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+    }
+    setting = {**redis_locks(redis_url), "down": down}
+    try:
+        with override_settings(LOCKS=setting), lock("still:listed", timeout=0):
+            gone = lock("gone:with-it", using="down", timeout=0, auto_renew=False)
+            assert gone.acquire()
+            out, err, status = run_failing("list", "--format", "json")
+            assert status == 0 and err == ""
+            assert {r["backend"] for r in json.loads(out)} == {"default", "down"}
+            doomed.stop()
+
+            # JSON: the locks read on stdout, one stderr line per alias, exit 1.
+            out, err, status = run_failing("list", "--format", "json")
+            assert status == 1
+            assert [r["name"] for r in json.loads(out)] == ["still:listed"]
+            (line,) = err.splitlines()
+            assert line.startswith("Backend 'down' could not be read: ")
+
+            out, err, status = run_failing("list")
+            assert status == 1
+            assert "still:listed" in out and "No locks" not in out
+            assert out.splitlines()[-1] == (
+                "1 lock(s) held on backend 'default'; backend 'down' could not be read."
+            )
+            out, err, status = run_failing("list", "--prefix", "nothing:")
+            assert status == 1
+            assert out == (
+                "No locks are held on backend 'default'; "
+                "backend 'down' could not be read.\n"
+            )
+            out, err, status = run_failing("list", "--using", "down")
+            assert status == 1 and out == ""
+            assert "'down'" in err
+
+            out, err, status = run_failing("clear", "--prefix", "gone:", "--noinput")
+            assert status == 1
+            assert (
+                out == "Cleared 0 locks: none of them is held on backend 'default'.\n"
+            )
+            assert "Could not reach backend(s) 'down'" in err
+            out, err, status = run_failing(
+                "clear", "--all", "--using", "down", "--noinput"
+            )
+            assert status == 1 and out == ""
+            assert "Could not reach backend(s) 'down'" in err
+            assert "none of them" not in out + err
+    finally:
+        doomed.stop()
 
 
 def test_using_selects_one_alias(redis_url):

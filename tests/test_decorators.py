@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -87,6 +89,67 @@ async def busy_async_views():
         assert (await AsyncClient().get(url)).status_code == 200
 
 
+def test_views_do_not_wait_by_default(backend_kind):
+    # The alias's TIMEOUT (10 s here) is for lock(); a view answers at once.
+    with override_settings(LOCKS=with_timeout(10)), lock("inventory:d1", timeout=0):
+        started = time.monotonic()
+        response = Client().get("/buy-default/d1/")
+        assert response.status_code == 423
+        assert time.monotonic() - started < 2
+
+
+def test_views_wait_for_an_explicit_timeout(backend_kind):
+    with lock("inventory:d2", timeout=0):
+        started = time.monotonic()
+        response = Client().get("/buy-waiting/d2/")
+        assert response.status_code == 423
+        assert time.monotonic() - started >= 0.45
+
+
+def with_timeout(seconds):
+    from django.conf import settings
+
+    return {
+        alias: {**entry, "TIMEOUT": seconds} for alias, entry in settings.LOCKS.items()
+    }
+
+
+def test_lease_lost_while_the_view_ran_keeps_its_response(backend_kind, caplog):
+    from django_distlock.signals import lock_lost
+
+    lost = []
+
+    def record(sender, name, reason, **kwargs):
+        lost.append(name)
+
+    lock_lost.connect(record)
+    try:
+        with caplog.at_level("WARNING", logger="django_distlock.release"):
+            response = Client().get("/loses/l1/")
+            assert response.status_code == 201
+            assert response.content == b"done anyway"
+            response = async_to_sync(AsyncClient().get)("/aloses/l2/")
+            assert response.status_code == 201
+    finally:
+        lock_lost.disconnect(record)
+    assert lost == ["lost:l1", "lost:l2"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        "Lock 'lost:l1' was lost while view tests.views.loses_its_lock answered "
+        "GET /loses/l1/; its response (201) was sent anyway" in m
+        for m in messages
+    ), messages
+    assert any("'lost:l2' was lost while view" in m for m in messages)
+    # The lock is free again.
+    with lock("lost:l1", timeout=0), lock("lost:l2", timeout=0):
+        pass
+
+
+def test_view_error_propagates_unchanged_when_the_lease_was_lost(backend_kind):
+    with pytest.raises(ValueError, match="the view's own error"):
+        Client().get("/loses-and-raises/l3/")
+
+
 def test_busy_cbv_is_423(backend_kind):
     with lock("cbv:a3", timeout=0):
         assert Client().get("/cbv/a3/").status_code == 423
@@ -163,10 +226,45 @@ def test_system_check_reports_unknown_placeholders():
     assert any("<sku>" in e.msg and "BuyView" in e.msg for e in errors)
 
 
+@override_settings(ROOT_URLCONF="tests.urls_placeholders")
+def test_system_check_reports_bad_arguments():
+    from django.core.checks import run_checks
+
+    messages = run_checks()
+    (alias,) = [m for m in messages if m.id == "distlock.E022"]
+    assert alias.msg == (
+        "distributed_lock('bad:<sku>') on view tests.views.unknown_alias: "
+        "using='nope' is not an alias of settings.LOCKS."
+    )
+    assert "'default'" in alias.hint
+    bad = sorted(m.msg for m in messages if m.id == "distlock.E023")
+    assert bad == [
+        "distributed_lock('bad:<sku>') on view tests.views.BadTypesView: "
+        "ttl must be a number of seconds, not '30' (str).",
+        "distributed_lock('bad:<sku>') on view tests.views.bad_numbers: "
+        "timeout must be None or a number >= 0 (seconds), not -3.",
+        "distributed_lock('bad:<sku>') on view tests.views.bad_numbers: "
+        "ttl must be a positive number of seconds, not -1.",
+    ]
+    ours = [m for m in messages if m.id in ("distlock.E022", "distlock.E023")]
+    assert all(m.hint and m.obj.startswith("tests.views.") for m in ours)
+
+
+@override_settings(ROOT_URLCONF="tests.urls_placeholders")
+def test_bad_arguments_fail_the_request_with_the_same_sentence():
+    with pytest.raises(ImproperlyConfigured, match=r"ttl must be a positive"):
+        Client().get("/bad-numbers/b1/")
+    with pytest.raises(ImproperlyConfigured, match=r"ttl must be a number"):
+        Client().get("/bad-types/b1/")
+    with pytest.raises(ImproperlyConfigured, match="'nope'"):
+        Client().get("/unknown-alias/b1/")
+
+
 def test_system_check_clean_for_the_suite_urls():
     from django.core.checks import run_checks
 
-    assert [m for m in run_checks() if m.id in ("distlock.E020", "distlock.E021")] == []
+    ids = ("distlock.E020", "distlock.E021", "distlock.E022", "distlock.E023")
+    assert [m for m in run_checks() if m.id in ids] == []
     with override_settings(DISTLOCK_LOCKED_VIEW="tests.views.nope"):
         (error,) = [m for m in run_checks() if m.id == "distlock.E021"]
         assert "tests.views.nope" in error.msg

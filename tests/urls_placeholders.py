@@ -1,4 +1,4 @@
-"""A URLconf with a distributed_lock placeholder no route provides (distlock.E020).
+"""A URLconf of misconfigured distributed_lock views (distlock.E020, E022, E023).
 
 Kept apart from tests/urls.py so that the rest of the suite's system checks
 stay clean.
@@ -14,4 +14,9 @@ urlpatterns = [
     path("shop/<str:colour>/", include([path("<str:sku>/", views.misconfigured)])),
     path("fixed/<str:sku>/", views.misconfigured, {"colour": "red"}),
     path("cbv/<str:item>/", views.BuyView.as_view()),
+    # Bad arguments (distlock.E022, E023); routed twice, reported once.
+    path("unknown-alias/<str:sku>/", views.unknown_alias),
+    path("bad-numbers/<str:sku>/", views.bad_numbers),
+    path("bad-numbers-again/<str:sku>/", views.bad_numbers),
+    path("bad-types/<str:sku>/", views.BadTypesView.as_view()),
 ]

@@ -4,12 +4,13 @@ import asyncio
 import threading
 import time
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_distlock import distributed_lock, lock
+from django_distlock import distributed_lock, lock, locks
 
 from .testapp.models import Product
 
@@ -27,6 +28,16 @@ def _sell(sku: str, pause: float) -> HttpResponse:
 @distributed_lock("inventory:<sku>", timeout=5, ttl=5)
 def buy(request, sku):
     return _sell(sku, float(request.GET.get("pause", 0)))
+
+
+@distributed_lock("inventory:<sku>")
+def buy_default(request, sku):
+    return HttpResponse(f"bought {sku}")
+
+
+@distributed_lock("inventory:<sku>", timeout=0.5)
+def buy_waiting(request, sku):
+    return HttpResponse(f"bought {sku}")
 
 
 @distributed_lock("inventory:<sku>", timeout=0)
@@ -55,6 +66,46 @@ class AsyncBuyView(View):
 @distributed_lock("inventory:<sku>:<colour>", timeout=0)
 def misconfigured(request, sku, **kwargs):
     return HttpResponse("never")
+
+
+@distributed_lock("bad:<sku>", using="nope")
+def unknown_alias(request, sku):
+    return HttpResponse("never")
+
+
+@distributed_lock("bad:<sku>", ttl=-1, timeout=-3)
+def bad_numbers(request, sku):
+    return HttpResponse("never")
+
+
+@method_decorator(distributed_lock("bad:<sku>", ttl="30"), name="dispatch")
+class BadTypesView(View):
+    def get(self, request, sku):
+        return HttpResponse("never")
+
+
+def _clear_own_lock(name: str) -> None:
+    # An operator's force-release while the view runs (locks clear NAME).
+    backend = locks["default"]
+    backend.force_release(name, backend.holder_of(name).token)
+
+
+@distributed_lock("lost:<sku>")
+def loses_its_lock(request, sku):
+    _clear_own_lock(f"lost:{sku}")
+    return HttpResponse("done anyway", status=201)
+
+
+@distributed_lock("lost:<sku>")
+async def aloses_its_lock(request, sku):
+    await sync_to_async(_clear_own_lock)(f"lost:{sku}")
+    return HttpResponse("async done anyway", status=201)
+
+
+@distributed_lock("lost:<sku>")
+def loses_and_raises(request, sku):
+    _clear_own_lock(f"lost:{sku}")
+    raise ValueError("the view's own error")
 
 
 def teapot(request, exception):

@@ -151,18 +151,29 @@ class LocMemLockBackend(BaseLockBackend):
                 if e.expires > now_mono and n.startswith(prefix)
             ]
         for name, e in items:
-            yield Holder(
-                backend=self.alias,
-                name=name,
-                token=e.token,
-                host=e.host,
-                pid=e.pid,
-                thread=e.thread,
-                acquired_at=datetime.fromtimestamp(e.acquired_at, timezone.utc),
-                expires_at=datetime.fromtimestamp(now, timezone.utc)
-                + timedelta(seconds=e.expires - now_mono),
-                fencing_token=e.fence,
-            )
+            yield self._holder(name, e, now_mono, now)
+
+    def holder_of(self, name):
+        now_mono, now = time.monotonic(), time.time()
+        with self._table.cond:
+            entry = self._table.live(name, now_mono)
+        if entry is None:
+            return None
+        return self._holder(name, entry, now_mono, now)
+
+    def _holder(self, name, e, now_mono, now):
+        return Holder(
+            backend=self.alias,
+            name=name,
+            token=e.token,
+            host=e.host,
+            pid=e.pid,
+            thread=e.thread,
+            acquired_at=datetime.fromtimestamp(e.acquired_at, timezone.utc),
+            expires_at=datetime.fromtimestamp(now, timezone.utc)
+            + timedelta(seconds=e.expires - now_mono),
+            fencing_token=e.fence,
+        )
 
     def force_release(self, name, token):
         with self._table.cond:

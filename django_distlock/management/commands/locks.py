@@ -9,6 +9,7 @@ reset.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
@@ -102,22 +103,28 @@ class Command(BaseCommand):
         return [locks[alias] for alias in aliases]
 
     def unreachable(self, backend: BaseLockBackend, exc: Exception) -> None:
+        # One line per backend: scripts read stderr line by line.
+        reason = " ".join(str(exc).split()) or type(exc).__name__
         self.stderr.write(
-            self.style.ERROR(f"Backend {backend.alias!r} could not be read: {exc}")
+            self.style.ERROR(f"Backend {backend.alias!r} could not be read: {reason}")
         )
 
     def holders(
         self, backends: Iterable[BaseLockBackend], prefix: str, failed: list
     ) -> Iterator[Holder]:
         """Yield the holders of each backend; record the ones that fail."""
+        self.read_aliases: list[str] = []
         for backend in backends:
             try:
                 yield from backend.holders(prefix)
             except (LockError, NotImplementedError, OSError) as exc:
                 failed.append(backend.alias)
                 self.unreachable(backend, exc)
+            else:
+                self.read_aliases.append(backend.alias)
 
     def handle(self, *args, **options):
+        self.read_aliases = []
         if options["subcommand"] == "list":
             return self.handle_list(**options)
         return self.handle_clear(**options)
@@ -137,10 +144,14 @@ class Command(BaseCommand):
             if fmt == "json":
                 self.write_json(rows)
             else:
-                self.write_table(rows)
+                self.write_table(rows, failed)
         finally:
             if collecting:
                 gc.enable()
+        if failed:
+            # Like ``migrate --check``: the output stands, the status says it
+            # is incomplete (the stderr lines above name each backend).
+            sys.exit(1)
 
     def write_json(self, rows: Iterable[Holder]) -> None:
         # Streamed in chunks: 100,000 holders need not sit in memory as one
@@ -159,7 +170,7 @@ class Command(BaseCommand):
         else:
             out.write("[]" if lead == "[\n  " else "\n]")
 
-    def write_table(self, rows: Iterable[Holder]) -> None:
+    def write_table(self, rows: Iterable[Holder], failed: list[str]) -> None:
         now = time.time()
         head = ("BACKEND", "NAME", "HOLDER", "ACQUIRED AT", "EXPIRES AT", "FENCE")
         width = TABLE_NAME_WIDTH
@@ -197,7 +208,13 @@ class Command(BaseCommand):
                 )
             )
         if not lines:
-            self.stdout.write("No locks are held.")
+            if not failed:
+                self.stdout.write("No locks are held.")
+            elif self.read_aliases:
+                self.stdout.write(
+                    f"No locks are held on {_aliases(self.read_aliases)}; "
+                    f"{_aliases(failed)} could not be read."
+                )
             return
         # Measured before sorting, while the rows are still in memory order;
         # the backend and holder columns from their few distinct values, and
@@ -222,7 +239,13 @@ class Command(BaseCommand):
             self.stdout.write(
                 "\n".join([fmt % r for r in lines[start : start + CHUNK]])
             )
-        self.stdout.write(f"{len(lines)} lock(s) held.")
+        if failed:
+            self.stdout.write(
+                f"{len(lines)} lock(s) held on {_aliases(self.read_aliases)}; "
+                f"{_aliases(failed)} could not be read."
+            )
+        else:
+            self.stdout.write(f"{len(lines)} lock(s) held.")
 
     # -- clear ----------------------------------------------------------------
 
@@ -244,13 +267,20 @@ class Command(BaseCommand):
                 raise CommandError("Nothing cleared.")
             total = 0
             failed = []
+            read = []
             for backend in backends:
                 try:
                     total += backend.clear_stale()
                 except (LockError, OSError) as exc:
                     failed.append(backend.alias)
                     self.unreachable(backend, exc)
-            self.stdout.write(self.style.SUCCESS(f"Cleared {total} stale lock(s)."))
+                else:
+                    read.append(backend.alias)
+            where = f" on {_aliases(read)}" if failed and read else ""
+            if read:
+                self.stdout.write(
+                    self.style.SUCCESS(f"Cleared {total} stale lock(s){where}.")
+                )
             self.fail_if(failed)
             return
 
@@ -264,7 +294,13 @@ class Command(BaseCommand):
         else:
             targets = list(self.holders(backends, prefix or "", failed))
         if not targets:
-            self.stdout.write("Cleared 0 locks: none of them is held.")
+            if not failed:
+                self.stdout.write("Cleared 0 locks: none of them is held.")
+            elif self.read_aliases:
+                self.stdout.write(
+                    f"Cleared 0 locks: none of them is held on "
+                    f"{_aliases(self.read_aliases)}."
+                )
             self.fail_if(failed)
             return
         if interactive:
@@ -297,7 +333,11 @@ class Command(BaseCommand):
             if gone
             else ""
         )
-        self.stdout.write(self.style.SUCCESS(f"Cleared {cleared} lock(s){note}."))
+        read = [alias for alias in self.read_aliases if alias not in failed]
+        where = f" on {_aliases(read)}" if failed and read else ""
+        self.stdout.write(
+            self.style.SUCCESS(f"Cleared {cleared} lock(s){where}{note}.")
+        )
         self.fail_if(failed)
 
     def confirm(self, question: str) -> bool:
@@ -312,8 +352,16 @@ class Command(BaseCommand):
     def fail_if(self, failed: list[str]) -> None:
         if failed:
             raise CommandError(
-                f"Could not reach backend(s) {', '.join(map(repr, failed))}."
+                f"Could not reach backend(s) {', '.join(map(repr, failed))}: "
+                "their locks were not read, nor cleared."
             )
+
+
+def _aliases(aliases: list[str]) -> str:
+    """Return ``backend 'a'`` or ``backends 'a', 'b'``, for a sentence."""
+    if len(aliases) == 1:
+        return f"backend {aliases[0]!r}"
+    return f"backends {', '.join(map(repr, aliases))}"
 
 
 def _common_prefix(names: list[str]) -> str:
