@@ -385,7 +385,13 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 )
                 for text in problems
             ]
-            if isinstance(using, str) and using not in configured:
+            # A missing "default" is distlock.E002's to report, once.
+            if (
+                configured is not None
+                and isinstance(using, str)
+                and using not in configured
+                and using != "default"
+            ):
                 messages.append(
                     Error(
                         f"{described} on view {view}: using={using!r} is not an "
@@ -452,13 +458,17 @@ def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
     return []
 
 
-def _configured_aliases() -> set[str]:
+def _configured_aliases() -> set[str] | None:
+    """The LOCKS aliases, or None when LOCKS is malformed (E001 says so)."""
     from .handler import locks
 
     try:
-        return set(locks.settings)
-    except Exception:  # a malformed LOCKS is reported by distlock.E001
-        return set()
+        configured = locks.settings
+    except Exception:
+        return None
+    if not isinstance(configured, dict):
+        return None
+    return set(configured)
 
 
 def _answered_anyway(
