@@ -214,7 +214,13 @@ def _check_entry(alias, params):
 
 
 #: Driver modules the bundled backends import, and the extra that installs each.
-DRIVER_EXTRAS = {"redis": "redis", "kazoo": "zookeeper", "django_redis": "django-redis"}
+DRIVER_EXTRAS = {
+    "redis": "redis",
+    "async_timeout": "redis",  # redis-py's own dependency on Python < 3.11.3
+    "hiredis": "redis",
+    "kazoo": "zookeeper",
+    "django_redis": "django-redis",
+}
 
 
 def _missing_driver(where, backend, module, extra=None):
