@@ -1062,7 +1062,8 @@ class DatabaseLockBackend(BaseLockBackend):
         utc = timezone.utc
         for name, token, host, pid, thread, acquired, expires, fence in rows:
             name = decode_name(name)
-            # MySQL compares case- and trailing-space-insensitively: recheck.
+            # Only a table left with a padding collation (MySQL before
+            # 8.0.17, see migration 0002) can return more than the prefix.
             if not name.startswith(prefix):
                 continue
             yield Holder(
