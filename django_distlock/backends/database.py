@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import os
 import random
@@ -59,6 +60,8 @@ from ..exceptions import LockBackendError
 from .base import BaseLockBackend, Holder, Lease, holder_identity
 
 __all__ = ["DatabaseLockBackend", "decode_name", "encode_name", "record_digest"]
+
+release_log = logging.getLogger("django_distlock.release")
 
 #: ``digest`` of the fence-floor row: the highest fence of any deleted row.
 FLOOR = ""
@@ -413,6 +416,53 @@ def _django_db_error() -> type[Exception]:
     from django.db import Error
 
     return Error
+
+
+class _Handoff:
+    """A worker thread's result, for its awaiting task or, if it left, ``undo``.
+
+    Cancelling a task that awaits ``sync_to_async`` does not stop the thread:
+    what an acquisition obtains after its task was cancelled must be given
+    back. Exactly one side undoes it: the thread, if the task left before the
+    result was ready, or the task, if the result was ready but never reached
+    it.
+    """
+
+    def __init__(self, undo: Callable[[Any], None]):
+        self._lock = threading.Lock()
+        self._undo = undo
+        self.abandoned = False
+        self._delivered = False
+        self._result: Any = None
+
+    def run(self, func: Callable[..., Any], *args: Any) -> Any:
+        """Return ``func(*args)``, undone at once if the task has left."""
+        result = func(*args)
+        with self._lock:
+            if not self.abandoned:
+                self._delivered = True
+                self._result = result
+                return result
+        self._undo(result)
+        return result
+
+    def abandon(self) -> None:
+        """Mark the task gone; undo a result that was ready, in a thread."""
+        with self._lock:
+            self.abandoned = True
+            delivered, result = self._delivered, self._result
+        if delivered:
+            threading.Thread(
+                target=self._undo, args=(result,), name="distlock-undo"
+            ).start()
+
+    async def arun(self, func: Callable[..., Any], *args: Any) -> Any:
+        """Await :meth:`run` in a worker thread; abandon it if cancelled."""
+        try:
+            return await sync_to_async(self.run, thread_sensitive=False)(func, *args)
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
 
 
 _backends: weakref.WeakSet = weakref.WeakSet()
@@ -866,6 +916,7 @@ class DatabaseLockBackend(BaseLockBackend):
         ttl: float,
         timeout: float | None,
         identity: tuple[str, int, str],
+        handoff: _Handoff | None = None,
     ) -> Lease | None:
         digest = self._digest(name)
         token = secrets.token_hex(16)
@@ -876,7 +927,7 @@ class DatabaseLockBackend(BaseLockBackend):
         fence, hint = self._call("acquire", self._attempt, *args)
         if fence is None and timeout != 0:
             try:
-                while fence is None:
+                while fence is None and not (handoff and handoff.abandoned):
                     sent = time.monotonic()
                     fence, hint = self._call(
                         "acquire", self._listen_and_attempt, channel, *args
@@ -953,8 +1004,11 @@ class DatabaseLockBackend(BaseLockBackend):
                 reply = None
 
     async def _arun(self, steps: Steps) -> Any:
-        """Carry out ``steps`` on the event loop, attempts in worker threads."""
-        call = sync_to_async(self._call, thread_sensitive=False)
+        """Carry out ``steps`` on the event loop, attempts in worker threads.
+
+        An attempt whose task is cancelled while it runs releases what it
+        obtains (see :class:`_Handoff`).
+        """
         reply = None
         while True:
             try:
@@ -962,10 +1016,32 @@ class DatabaseLockBackend(BaseLockBackend):
             except StopIteration as stop:
                 return stop.value
             if kind == "attempt":
-                reply = await call("acquire", self._attempt, *arg)
+                reply = await self._aattempt(*arg)
             else:
                 await asyncio.sleep(arg)
                 reply = None
+
+    async def _aattempt(
+        self, name: str, digest: str, token: str, *args: Any
+    ) -> tuple[int | None, float]:
+        def undo(result: tuple[int | None, float]) -> None:
+            if result[0] is not None:
+                self._give_back(digest, token)
+
+        return await _Handoff(undo).arun(
+            self._call, "acquire", self._attempt, name, digest, token, *args
+        )
+
+    def _give_back(self, digest: str, token: str) -> None:
+        """Release a lease that no handle knows about (its task was cancelled)."""
+        try:
+            self._call("release", self._drop_once, digest, token)
+        except LockBackendError:
+            release_log.warning(
+                "A cancelled acquisition could not give its lease back; it "
+                "expires with its TTL.",
+                exc_info=True,
+            )
 
     # -- the contract -----------------------------------------------------
 
@@ -981,12 +1057,21 @@ class DatabaseLockBackend(BaseLockBackend):
         """Poll from the event loop; each attempt runs in a worker thread.
 
         With ``WAIT = "notify"`` the whole wait runs in one worker thread,
-        whose connection listens for the release.
+        whose connection listens for the release. Cancelling the task does
+        not stop a statement in flight: whatever it obtains afterwards is
+        released as soon as the thread has it, and a notify wait ends at its
+        next wake-up.
         """
         identity = self._identity()  # the task's identity, not the worker's
         if self.wait_notify:
-            return await sync_to_async(self._acquire_notified, thread_sensitive=False)(
-                name, ttl, timeout, identity
+
+            def undo(lease: Lease | None) -> None:
+                if lease is not None:
+                    self._give_back(self._lease_digest(lease), lease.token)
+
+            handoff = _Handoff(undo)
+            return await handoff.arun(
+                self._acquire_notified, name, ttl, timeout, identity, handoff
             )
         return await self._arun(self._acquire_steps(name, ttl, timeout, identity))
 
