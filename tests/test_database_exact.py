@@ -18,6 +18,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 from django.test import override_settings
+from django.urls import reverse
 
 from django_distlock import lock, locks
 from django_distlock.models import LockRecord
@@ -100,6 +101,21 @@ class TestExactStrings:
                 assert [(r["backend"], r["name"]) for r in rows] == [("other", name)]
             finally:
                 theirs.release()
+
+    def test_admin_lists_each_lock_once(self, database, a, b, admin_client):
+        tag = uuid.uuid4().hex[:8]
+        one, other = f"{tag}:{a}", f"{tag}:{b}"
+        with override_settings(LOCKS=_two_aliases(database, one, other)):
+            with lock("job", using="one"), lock("job", using="other"):
+                response = admin_client.get(
+                    reverse("admin:django_distlock_lock_changelist")
+                )
+                assert response.status_code == 200
+                rows = response.context["rows"]
+                assert sorted((r.backend, r.name) for r in rows) == [
+                    ("one", "job"),
+                    ("other", "job"),
+                ]
 
     def test_clear_stale_keeps_to_its_prefix(self, database, a, b):
         tag = uuid.uuid4().hex[:8]
