@@ -84,10 +84,15 @@ class _Handoff:
     async def arun(self, func: Callable[..., Any], *args: Any) -> Any:
         """Await :meth:`run` in a worker thread; abandon it if cancelled."""
         try:
-            return await sync_to_async(self.run, thread_sensitive=False)(func, *args)
+            return await _run_in_thread(self, func, *args)
         except asyncio.CancelledError:
             self.abandon()
             raise
+
+
+# Made once: a SyncToAsync costs more to build than the rest of an attempt's
+# bookkeeping.
+_run_in_thread = sync_to_async(_Handoff.run, thread_sensitive=False)
 
 
 class WaitingMixin:
