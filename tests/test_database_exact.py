@@ -124,9 +124,8 @@ class TestExactStrings:
             expired = lock("gone", using="other", ttl=0.2, auto_renew=False)
             assert expired.acquire()
             time.sleep(0.5)
-            assert _command("clear", "--stale", "--using", "one", "--noinput") == (
-                "Cleared 0 stale lock(s).\n"
-            )
+            out = _command("clear", "--stale", "--using", "one", "--noinput")
+            assert out.startswith("Cleared 0 stale lock(s)")
             assert _stored(database, "other", "gone") is not None
             assert locks["one"].clear_stale() == 0
             assert _stored(database, "other", "gone") is not None
