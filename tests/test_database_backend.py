@@ -534,3 +534,27 @@ def test_name_escaping_keeps_prefixes():
     name = "a\\b\x00c\ud800d"
     for i in range(len(name) + 1):
         assert encode_name(name).startswith(encode_name(name[:i]))
+
+
+def test_the_backend_names_the_models_table_without_importing_models():
+    import ast
+    from pathlib import Path
+
+    from django_distlock.backends.database import dialects
+
+    assert dialects.TABLE == LockRecord._meta.db_table
+    # Imports point down: the backend never imports the models, the watchdog,
+    # the admin or the package face.
+    package = Path(dialects.__file__).parent
+    for module in package.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = "." * node.level + (node.module or "")
+                assert target.lstrip(".") not in {"models", "watchdog", "admin"}, (
+                    module.name,
+                    target,
+                )
+                assert node.level != 3 or node.module == "exceptions", (
+                    module.name,
+                    target,
+                )

@@ -126,7 +126,50 @@ def cancel_storm(
         now = time.monotonic()
         storm_end, calm_end = now + storm, now + storm + calm
         await asyncio.gather(*(lane(i, storm_end, calm_end) for i in range(lanes)))
+        stats["free_after"] = await free_after_cancel(
+            f"{names[0]}:probe:{seed}", 40, rng, ttl
+        )
         return storm_end
 
     stats["storm_end"] = asyncio.run(main())
     return stats
+
+
+async def free_after_cancel(
+    name: str, rounds: int, rng: random.Random, ttl: float
+) -> list[float]:
+    """Cancel ``rounds`` acquisitions of the free ``name`` after 0-4 ms each.
+
+    Return, for each one that was cancelled, how long the name then took to
+    be acquirable by another handle (seconds): an acquisition that lands
+    after its task was cancelled must not keep the name until its TTL.
+    """
+    from django_distlock import lock
+
+    async def take_and_give_back(acquired: list[bool]) -> None:
+        # One task: a reentrant lock's owner is the task that took it.
+        waiter = lock(name, ttl=ttl, timeout=1.0, auto_renew=False)
+        if await waiter.aacquire():
+            acquired.append(True)
+            await waiter.arelease()
+
+    delays = []
+    for _ in range(rounds):
+        acquired: list[bool] = []
+        task = asyncio.ensure_future(take_and_give_back(acquired))
+        await asyncio.sleep(rng.random() * 0.004)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        started = time.monotonic()
+        other = lock(name, ttl=ttl, timeout=0, auto_renew=False)
+        while not await other.aacquire():
+            if time.monotonic() - started > 2 * ttl:
+                raise AssertionError(f"{name!r} still held {2 * ttl} s after a cancel")
+            await asyncio.sleep(0.001)
+        if task.cancelled() and not acquired:  # cancelled within aacquire
+            delays.append(time.monotonic() - started)
+        await other.arelease()
+    return delays

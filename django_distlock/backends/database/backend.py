@@ -1,0 +1,349 @@
+"""The database lock backend: one row per lock name in the app's own table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ...exceptions import LockBackendError
+from ..base import BaseLockBackend, Holder, Lease, holder_identity
+from .checks import DEFAULT_MAX_BACKOFF, OPTION_KEYS, check_entry
+from .connections import ConnectionsMixin
+from .dialects import Dialect
+from .names import decode_name, encode_name, record_digest
+from .waiting import WaitingMixin, _channel, _Handoff
+
+__all__ = ["DatabaseLockBackend"]
+
+#: Rows deleted per statement by :meth:`DatabaseLockBackend.clear_stale`.
+DELETE_CHUNK = 500
+
+
+class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
+    """Locks as rows of a table in one of the project's databases.
+
+    ``OPTIONS["DATABASE"]`` names the ``DATABASES`` alias (default
+    ``"default"``); PostgreSQL, MySQL/MariaDB and SQLite (3.35+) are
+    supported. ``OPTIONS["MAX_BACKOFF"]`` caps the sleep between two polls
+    of a busy lock (seconds, default 0.05). On PostgreSQL,
+    ``OPTIONS["WAIT"] = "notify"`` makes waiters sleep until a release's
+    ``NOTIFY`` (or the holder's expiry) instead of polling; every process
+    using the table should then set it. ``KEY_PREFIX`` separates the locks
+    of aliases that share one table.
+    """
+
+    OPTION_KEYS = OPTION_KEYS
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        self.database = str(self.options.get("DATABASE", "default"))
+        self.max_backoff = float(self.options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF))
+        self.wait_notify = self.options.get("WAIT", "poll") == "notify"
+        self._init_connections()
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return system check messages for this backend's LOCKS entry."""
+        return check_entry(cls, alias, params)
+
+    @property
+    def dialect(self) -> Dialect:
+        """The SQL dialect of the lock database."""
+        if self._dialect is None:
+            self._setup()
+        return self._dialect  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Close every thread's connection (they reconnect on next use)."""
+        for conn in list(self._connections):
+            conn.finalizer()
+        self._forget_connections()
+
+    # -- the algorithm, one attempt at a time -----------------------------
+
+    def _digest(self, name: str) -> str:
+        return record_digest(self.key_prefix, name)
+
+    @staticmethod
+    def _identity() -> tuple[str, int, str]:
+        host, pid, thread = holder_identity()
+        return host[:255], pid, thread[:255]
+
+    def _attempt(
+        self,
+        cursor: Any,
+        name: str,
+        digest: str,
+        token: str,
+        ttl: float,
+        identity: tuple[str, int, str],
+    ) -> tuple[int | None, float]:
+        """Try once. Return ``(fence, 0)`` or ``(None, seconds worth waiting)``."""
+        dialect = self._dialect
+        host, pid, thread = identity
+        ttl_p = dialect.ttl_param(ttl)
+        run = self._execute
+        run(cursor, "acquire", (token, host, pid, thread, ttl_p, digest, token))
+        if dialect.returning:
+            # fetchall, not fetchone: SQLite commits when the statement ends.
+            rows = cursor.fetchall()
+            if rows:
+                return int(rows[0][0]), 0.0
+        elif cursor.rowcount:
+            return int(cursor.lastrowid), 0.0
+        run(cursor, "probe", (digest,))
+        rows = cursor.fetchall()
+        if not rows:
+            fence = self._transaction(
+                cursor,
+                lambda cur: self._create(cur, name, digest, token, ttl_p, identity),
+            )
+            return fence, 0.0
+        free, remaining = rows[0]
+        if free:
+            return None, 0.0  # released between the two statements: go again
+        return None, max(0.0, float(remaining or 0.0))
+
+    def _create(
+        self,
+        cursor: Any,
+        name: str,
+        digest: str,
+        token: str,
+        ttl_p: Any,
+        identity: tuple[str, int, str],
+    ) -> int | None:
+        # Inside a transaction. The shared lock on the floor row keeps
+        # clear_stale() from deleting rows (and raising the floor) meanwhile,
+        # so a re-created row starts above every fence its name ever had.
+        self._execute(cursor, "ensure_floor", ())
+        self._execute(cursor, "floor_shared", ())
+        floor = int(cursor.fetchall()[0][0])
+        host, pid, thread = identity
+        params = (
+            digest,
+            self.key_prefix,
+            encode_name(name),
+            token,
+            floor + 1,
+            host,
+            pid,
+            thread,
+            ttl_p,
+        )
+        if self.dialect.vendor == "mysql":
+            try:
+                self._execute(cursor, "create", params)
+            except self._integrity_error:
+                return None  # another creator won; the caller polls
+        else:
+            self._execute(cursor, "create", params)
+            if cursor.rowcount != 1:
+                return None
+        return floor + 1
+
+    def _extend_once(self, cursor: Any, digest: str, token: str, ttl: float) -> bool:
+        self._execute(cursor, "extend", (self._dialect.ttl_param(ttl), digest, token))
+        return cursor.rowcount == 1
+
+    def _release_once(self, cursor: Any, digest: str, token: str) -> bool:
+        run = self._execute
+        if self.wait_notify:
+            run(cursor, "release_notify", (digest, token, _channel(digest)))
+            released = cursor.fetchall()[0][0] == 1
+        else:
+            run(cursor, "release", (digest, token))
+            released = cursor.rowcount == 1
+        if released:
+            return True
+        # Expired (not yet taken over): clear it anyway, but report the loss.
+        run(cursor, "drop", (digest, token))
+        return False
+
+    def _is_held_once(self, cursor: Any, digest: str, token: str) -> bool:
+        self._execute(cursor, "is_held", (digest, token))
+        return bool(cursor.fetchall())
+
+    def _drop_once(self, cursor: Any, digest: str, token: str) -> bool:
+        self._execute(cursor, "drop", (digest, token))
+        dropped = cursor.rowcount == 1
+        if dropped and self.wait_notify:
+            self._execute(cursor, "notify", (_channel(digest),))
+            cursor.fetchall()
+        return dropped
+
+    # -- the contract -----------------------------------------------------
+
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        identity = self._identity()
+        if self.wait_notify:
+            return self._acquire_notified(name, ttl, timeout, identity)
+        return self._run(self._acquire_steps(name, ttl, timeout, identity))
+
+    async def aacquire(
+        self, name: str, ttl: float, timeout: float | None
+    ) -> Lease | None:
+        """Poll from the event loop; each attempt runs in a worker thread.
+
+        With ``WAIT = "notify"`` the whole wait runs in one worker thread,
+        whose connection listens for the release. Cancelling the task does
+        not stop a statement in flight: whatever it obtains afterwards is
+        released as soon as the thread has it, and a notify wait ends at its
+        next wake-up.
+        """
+        identity = self._identity()  # the task's identity, not the worker's
+        if self.wait_notify:
+
+            def undo(lease: Lease | None) -> None:
+                if lease is not None:
+                    self._give_back(self._lease_digest(lease), lease.token)
+
+            handoff = _Handoff(undo)
+            return await handoff.arun(
+                self._acquire_notified, name, ttl, timeout, identity, handoff
+            )
+        return await self._arun(self._acquire_steps(name, ttl, timeout, identity))
+
+    def _lease_digest(self, lease: Lease) -> str:
+        return lease.state if isinstance(lease.state, str) else self._digest(lease.name)
+
+    def release(self, lease: Lease) -> bool:
+        return self._call(
+            "release", self._release_once, self._lease_digest(lease), lease.token
+        )
+
+    def extend(self, lease: Lease, ttl: float) -> bool:
+        sent = time.monotonic()
+        ok = self._call(
+            "extend", self._extend_once, self._lease_digest(lease), lease.token, ttl
+        )
+        if ok:
+            lease.deadline = sent + ttl
+        return ok
+
+    def is_held(self, lease: Lease) -> bool:
+        return self._call(
+            "check", self._is_held_once, self._lease_digest(lease), lease.token
+        )
+
+    def _renew_once(self, cursor: Any, leases: list[Lease]) -> list[bool]:
+        def renew_all(cur: Any) -> list[bool]:
+            extend = self._extend_once
+            return [
+                extend(cur, self._lease_digest(lease), lease.token, lease.ttl)
+                for lease in leases
+            ]
+
+        return self._transaction(cursor, renew_all)
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew every lease in one transaction: one commit, however many."""
+        leases = list(leases)
+        if len(leases) < 2:
+            return super().renew(leases)
+        sent = time.monotonic()
+        try:
+            results = self._call("renew", self._renew_once, leases)
+        except LockBackendError:
+            return [None] * len(leases)
+        for lease, ok in zip(leases, results):
+            if ok:
+                lease.deadline = sent + lease.ttl
+        return list(results)
+
+    async def arelease(self, lease: Lease) -> bool:
+        return await sync_to_async(self.release, thread_sensitive=False)(lease)
+
+    async def aextend(self, lease: Lease, ttl: float) -> bool:
+        return await sync_to_async(self.extend, thread_sensitive=False)(lease, ttl)
+
+    async def ais_held(self, lease: Lease) -> bool:
+        return await sync_to_async(self.is_held, thread_sensitive=False)(lease)
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        return await sync_to_async(self.renew, thread_sensitive=False)(list(leases))
+
+    # -- listing and clearing ---------------------------------------------
+
+    def _holder_rows(self, cursor: Any, prefix: str) -> list[tuple]:
+        stored = encode_name(prefix)
+        self._execute(cursor, "holders", (self.key_prefix, len(stored), stored))
+        return list(cursor.fetchall())
+
+    def holders(self, prefix: str = "") -> Iterator[Holder]:
+        rows = self._call("list locks", self._holder_rows, prefix)
+        when = datetime.fromtimestamp
+        utc = timezone.utc
+        for name, token, host, pid, thread, acquired, expires, fence in rows:
+            name = decode_name(name)
+            # Only a table left with a padding collation (MySQL before
+            # 8.0.17, see migration 0002) can return more than the prefix.
+            if not name.startswith(prefix):
+                continue
+            yield Holder(
+                backend=self.alias,
+                name=name,
+                token=token,
+                host=host,
+                pid=pid,
+                thread=thread,
+                acquired_at=None if acquired is None else when(float(acquired), utc),
+                expires_at=when(float(expires), utc),
+                fencing_token=int(fence),
+            )
+
+    def force_release(self, name: str, token: str) -> bool:
+        return self._call("force-release", self._drop_once, self._digest(name), token)
+
+    def _drop_all(self, cursor: Any, pairs: list[tuple[str, str]]) -> list[bool]:
+        drop = self._drop_once
+        return self._transaction(
+            cursor, lambda cur: [drop(cur, digest, token) for digest, token in pairs]
+        )
+
+    def force_release_many(self, items: Iterable[tuple[str, str]]) -> list[bool]:
+        """Force-release each ``(name, token)``, a thousand per transaction."""
+        pairs = [(self._digest(name), token) for name, token in items]
+        results: list[bool] = []
+        for i in range(0, len(pairs), 1000):
+            chunk = pairs[i : i + 1000]
+            results.extend(self._call("force-release", self._drop_all, chunk))
+        return results
+
+    def _clear_stale_once(self, cursor: Any) -> int:
+        sql = self._sql
+        self._execute(cursor, "ensure_floor", ())
+
+        def clear(cur: Any) -> int:
+            # Lock the floor, then the rows to delete: creators wait on the
+            # floor, acquirers on their row, so nothing changes under us.
+            self._execute(cur, "floor_locked", ())
+            self._execute(cur, "stale", (self.key_prefix,))
+            rows = cur.fetchall()
+            if not rows:
+                return 0
+            top = max(int(fence) for _, fence, _ in rows)
+            self._execute(cur, "raise_floor", (top, top))
+            ids = [row[0] for row in rows]
+            mark = "?" if self.dialect.vendor == "sqlite" else "%s"
+            for i in range(0, len(ids), DELETE_CHUNK):
+                chunk = ids[i : i + DELETE_CHUNK]
+                cur.execute(
+                    sql["delete"] + "(" + ", ".join([mark] * len(chunk)) + ")",
+                    chunk,
+                )
+            return sum(1 for _, _, expired in rows if expired)
+
+        return self._transaction(cursor, clear)
+
+    def clear_stale(self) -> int:
+        """Delete free and expired rows; return how many expired leases went.
+
+        The highest fence among them is kept in the floor row first, so the
+        fencing tokens of a name never go back when its row is re-created.
+        """
+        return self._call("clear stale locks", self._clear_stale_once)

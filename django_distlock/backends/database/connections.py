@@ -1,0 +1,298 @@
+"""The backend's own connections to the lock database, one per thread.
+
+Each is opened with Django's machinery from the ``DATABASES`` entry (same
+driver, options, ``connection_created`` signal) but never handed to the ORM,
+so the backend's statements never run inside, commit or roll back the
+caller's transaction. An in-memory SQLite database is the exception (see
+:class:`_SharedConnection`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ...exceptions import LockBackendError
+from .dialects import DIALECTS, TABLE, Dialect
+
+__all__ = ["ConnectionsMixin"]
+
+#: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
+MYSQL_RETRY_CODES = {1205, 1213}
+
+
+def _close_raw(wrapper: Any, pid: int) -> None:
+    # Never close a connection inherited through fork: it is the parent's.
+    if os.getpid() != pid or wrapper.connection is None:
+        return
+    try:
+        wrapper.connection.close()
+    except Exception:  # noqa: BLE001 - closing a broken connection
+        pass
+    wrapper.connection = None
+
+
+class _Connection:
+    """One thread's private connection to the lock database."""
+
+    def __init__(self, wrapper: Any, prepared: bool = False):
+        self.wrapper = wrapper
+        self.pid = os.getpid()
+        self.prepared = prepared
+        self._cursor: Any = None
+        self.errors = (wrapper.Database.Error, _django_db_error())
+        self.finalizer = weakref.finalize(self, _close_raw, wrapper, self.pid)
+
+    def cursor(self) -> Any:
+        """Return the driver's own cursor (no Django wrapping on the hot path)."""
+        if self._cursor is None or self.wrapper.connection is None:
+            self.wrapper.ensure_connection()
+            if self.prepared:
+                import psycopg
+
+                # Server-side binding, whatever Django's cursor_factory is;
+                # Django sets prepare_threshold=None, which would ignore
+                # prepare=True.
+                raw = self.wrapper.connection
+                raw.prepare_threshold = 5
+                self._cursor = psycopg.Cursor(raw)
+            else:
+                self._cursor = self.wrapper.connection.cursor()
+        return self._cursor
+
+    def reset(self) -> None:
+        """Drop the connection; the next :meth:`cursor` reconnects."""
+        self._cursor = None
+        _close_raw(self.wrapper, self.pid)
+
+    def usable(self) -> bool:
+        """Return True if the connection is still alive."""
+        if self.wrapper.connection is None:
+            return False
+        try:
+            return self.wrapper.is_usable()
+        except Exception:  # noqa: BLE001 - any failure means unusable
+            return False
+
+
+class _SharedConnection(_Connection):
+    """The thread's own Django connection, for an in-memory SQLite database.
+
+    Another connection would open another, empty database (or, in
+    shared-cache mode, fail on SQLite's table locks), and an in-memory
+    database is private to one process anyway. Statements then run in the
+    caller's transaction when there is one (savepoints instead of BEGIN),
+    which is what test suites on in-memory SQLite need.
+    """
+
+    def __init__(self, alias: str):
+        from django.db import connections
+
+        self.alias = alias
+        self.wrapper = connections[alias]
+        self.pid = os.getpid()
+        self._cursor = None
+        self.errors = (self.wrapper.Database.Error, _django_db_error())
+        self.finalizer = weakref.finalize(self, lambda: None)
+
+    def cursor(self) -> Any:
+        from django.db import connections
+
+        wrapper = connections[self.alias]
+        wrapper.ensure_connection()
+        return wrapper.connection.cursor()
+
+    def reset(self) -> None:
+        """Leave Django's connection to Django."""
+
+
+def _can_prepare(wrapper: Any) -> bool:
+    """Return True if statements on ``wrapper``'s database may be prepared.
+
+    PostgreSQL with psycopg 3, unless ``DISABLE_SERVER_SIDE_CURSORS`` says a
+    transaction pooler (PgBouncer) sits in between: prepared statements do
+    not survive it.
+    """
+    if wrapper.vendor != "postgresql" or wrapper.settings_dict.get(
+        "DISABLE_SERVER_SIDE_CURSORS"
+    ):
+        return False
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return False
+    return getattr(wrapper.Database, "__name__", "") == "psycopg"
+
+
+def _django_db_error() -> type[Exception]:
+    from django.db import Error
+
+    return Error
+
+
+_backends: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for backend in list(_backends):
+        backend._forget_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class ConnectionsMixin:
+    """The connection half of :class:`.backend.DatabaseLockBackend`.
+
+    It expects ``alias`` and ``database`` on the instance and calls
+    :meth:`_init_connections` from ``__init__``.
+    """
+
+    alias: str
+    database: str
+    dialect: Dialect  # a property of the backend
+
+    def _init_connections(self) -> None:
+        self._local = threading.local()
+        self._connections: weakref.WeakSet = weakref.WeakSet()
+        self._setup_lock = threading.Lock()
+        self._sql: dict[str, str] | None = None
+        self._in_memory = False
+        self._prepared = False
+        self._dialect: Dialect | None = None
+        _backends.add(self)
+
+    def _setup(self) -> None:
+        from django.db import connections
+
+        with self._setup_lock:
+            if self._sql is not None:
+                return
+            wrapper = connections[self.database]
+            try:
+                dialect = DIALECTS[wrapper.vendor]()
+            except KeyError:
+                raise LockBackendError(
+                    f"Database lock backend {self.alias!r}: {wrapper.vendor} "
+                    "databases are not supported."
+                ) from None
+            table = wrapper.ops.quote_name(TABLE)
+            self._integrity_error = wrapper.Database.IntegrityError
+            self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
+            self._prepared = _can_prepare(wrapper)
+            self._dialect = dialect
+            self._sql = dialect.build(table)
+
+    def _new_wrapper(self) -> Any:
+        from django.db import connections
+        from django.db.utils import load_backend
+
+        # Shallow copies: OPTIONS may hold objects that cannot be deep-copied
+        # (an SSL context, a pool's callables).
+        settings_dict = dict(connections[self.database].settings_dict)
+        settings_dict["ATOMIC_REQUESTS"] = False
+        settings_dict["AUTOCOMMIT"] = True
+        options = settings_dict["OPTIONS"] = dict(settings_dict.get("OPTIONS") or {})
+        vendor = connections[self.database].vendor
+        if vendor == "postgresql":
+            # One plain connection per thread: no pool, the default READ
+            # COMMITTED (single statements re-check rows they wait for).
+            options.pop("pool", None)
+            options.pop("isolation_level", None)
+            options.setdefault("application_name", "django_distlock")
+        elif vendor == "mysql":
+            # No gap locks, so two creators of one row cannot deadlock.
+            options["isolation_level"] = "read committed"
+        backend = load_backend(settings_dict["ENGINE"])
+        return backend.DatabaseWrapper(settings_dict, self.database)
+
+    def _connection(self) -> _Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._sql is None:
+                self._setup()
+            if self._in_memory:
+                conn = _SharedConnection(self.database)
+            else:
+                conn = _Connection(self._new_wrapper(), self._prepared)
+            self._local.conn = conn
+            self._connections.add(conn)
+        return conn
+
+    def _forget_connections(self) -> None:
+        # In a forked child: the parent's sockets are not ours to use or close.
+        self._local = threading.local()
+        self._connections = weakref.WeakSet()
+
+    def _call(self, what: str, func: Callable[..., Any], *args: Any) -> Any:
+        """Run ``func(cursor, *args)``; map driver errors to LockBackendError.
+
+        A connection found dead (a restarted server, a killed session) is
+        reopened and the call tried once more; every statement here is safe
+        to repeat, because a retried acquisition recognises its own token.
+        """
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                return func(conn.cursor(), *args)
+            except conn.errors as e:
+                if attempt == 1 and self._worth_retrying(conn, e):
+                    continue
+                raise self._error(e, what) from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _worth_retrying(self, conn: _Connection, exc: Exception) -> bool:
+        code = exc.args[0] if exc.args else None
+        if self.dialect.vendor == "mysql" and code in MYSQL_RETRY_CODES:
+            return True
+        if self.dialect.vendor == "sqlite":
+            return False  # "database is locked" has already waited its timeout
+        if conn.usable():
+            return False
+        conn.reset()
+        return True
+
+    def _error(self, exc: Exception, what: str) -> LockBackendError:
+        message = str(exc).strip()
+        hint = ""
+        if "lockrecord" in message.lower():
+            hint = " (has `manage.py migrate` been run on that database?)"
+        elif "database is locked" in message:
+            hint = (
+                " (SQLite has one writer at a time: is this thread or another "
+                "inside a write transaction on the same file?)"
+            )
+        return LockBackendError(
+            f"Database lock backend {self.alias!r} failed to {what} on database "
+            f"{self.database!r}: {message}{hint}"
+        )
+
+    def _execute(self, cursor: Any, key: str, params: tuple) -> None:
+        """Run statement ``key``; prepared once per connection where possible."""
+        if self._prepared:
+            cursor.execute(self._sql[key], params, prepare=True)
+        else:
+            cursor.execute(self._sql[key], params)
+
+    def _transaction(self, cursor: Any, body: Callable[[Any], Any]) -> Any:
+        if self._in_memory and cursor.connection.in_transaction:
+            # Only on the caller's own connection (in-memory SQLite).
+            begin, commit = "SAVEPOINT distlock", "RELEASE SAVEPOINT distlock"
+            rollback = "ROLLBACK TO SAVEPOINT distlock; RELEASE SAVEPOINT distlock"
+        else:
+            begin, commit, rollback = self.dialect.begin, "COMMIT", "ROLLBACK"
+        cursor.execute(begin)
+        try:
+            result = body(cursor)
+        except BaseException:
+            try:
+                for statement in rollback.split("; "):
+                    cursor.execute(statement)
+            except Exception:  # noqa: BLE001 - the connection may be gone
+                pass
+            raise
+        cursor.execute(commit)
+        return result

@@ -1,0 +1,278 @@
+"""How the backend waits for a lock: polling, or LISTEN/NOTIFY on PostgreSQL.
+
+The polling loop is written once, as a generator of steps (an attempt, a
+sleep) that a synchronous and an asyncio executor drive, so ``acquire`` and
+``aacquire`` cannot drift apart. Asyncio attempts run in worker threads; one
+whose task is cancelled gives back what it obtains (:class:`_Handoff`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ...exceptions import LockBackendError
+from ..base import Lease
+
+__all__ = ["WaitingMixin"]
+
+release_log = logging.getLogger("django_distlock.release")
+
+#: First and longest sleep between two polls of a busy lock, seconds.
+MIN_BACKOFF = 0.001
+#: Longest wait for a notification before trying again anyway, seconds: it
+#: bounds the delay after a release by a process that does not notify.
+NOTIFY_SAFETY_WAIT = 1.0
+
+#: The polling loop as a generator of ``(kind, argument)`` steps, driven by
+#: :meth:`WaitingMixin._run` or :meth:`WaitingMixin._arun`.
+Steps = Generator[tuple[str, Any], Any, Any]
+
+
+def _channel(digest: str) -> str:
+    """Return the LISTEN/NOTIFY channel of a lock (hex: a safe identifier)."""
+    return "distlock_" + digest[:40]
+
+
+class _Handoff:
+    """A worker thread's result, for its awaiting task or, if it left, ``undo``.
+
+    Cancelling a task that awaits ``sync_to_async`` does not stop the thread:
+    what an acquisition obtains after its task was cancelled must be given
+    back. Exactly one side undoes it: the thread, if the task left before the
+    result was ready, or the task, if the result was ready but never reached
+    it.
+    """
+
+    def __init__(self, undo: Callable[[Any], None]):
+        self._lock = threading.Lock()
+        self._undo = undo
+        self.abandoned = False
+        self._delivered = False
+        self._result: Any = None
+
+    def run(self, func: Callable[..., Any], *args: Any) -> Any:
+        """Return ``func(*args)``, undone at once if the task has left."""
+        result = func(*args)
+        with self._lock:
+            if not self.abandoned:
+                self._delivered = True
+                self._result = result
+                return result
+        self._undo(result)
+        return result
+
+    def abandon(self) -> None:
+        """Mark the task gone; undo a result that was ready, in a thread."""
+        with self._lock:
+            self.abandoned = True
+            delivered, result = self._delivered, self._result
+        if delivered:
+            threading.Thread(
+                target=self._undo, args=(result,), name="distlock-undo"
+            ).start()
+
+    async def arun(self, func: Callable[..., Any], *args: Any) -> Any:
+        """Await :meth:`run` in a worker thread; abandon it if cancelled."""
+        try:
+            return await _run_in_thread(self, func, *args)
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
+
+
+# Made once: a SyncToAsync costs more to build than the rest of an attempt's
+# bookkeeping.
+_run_in_thread = sync_to_async(_Handoff.run, thread_sensitive=False)
+
+
+class WaitingMixin:
+    """The waiting half of :class:`.backend.DatabaseLockBackend`.
+
+    It runs the backend's single attempts (``_attempt``, ``_drop_once``)
+    through its connections (``_call``) until the lock is acquired or the
+    wait times out.
+    """
+
+    alias: str
+    max_backoff: float
+    wait_notify: bool
+    _local: Any
+    _call: Callable[..., Any]
+    _attempt: Callable[..., tuple[int | None, float]]
+    _digest: Callable[[str], str]
+    _drop_once: Callable[..., bool]
+
+    # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
+
+    def _listening(self, cursor: Any) -> set[str]:
+        # The channels this thread's *current* connection listens to; a
+        # reconnection starts from an empty set.
+        raw = cursor.connection
+        state = getattr(self._local, "listen", None)
+        if state is None or state[0] is not raw:
+            state = self._local.listen = (raw, set())
+        return state[1]
+
+    def _listen_and_attempt(self, cursor: Any, channel: str, *args: Any) -> Any:
+        listening = self._listening(cursor)
+        if channel not in listening:
+            # LISTEN before the attempt: a release committed after the
+            # attempt is then sure to be delivered (no lost wakeup).
+            cursor.execute(f"LISTEN {channel}")
+            listening.add(channel)
+        return self._attempt(cursor, *args)
+
+    def _wait_notified(self, cursor: Any, channel: str, timeout: float) -> None:
+        if channel not in self._listening(cursor):
+            return  # reconnected meanwhile: attempt (and LISTEN) again now
+        for _ in cursor.connection.notifies(timeout=timeout, stop_after=1):
+            break
+
+    def _unlisten(self, cursor: Any, channel: str) -> None:
+        listening = self._listening(cursor)
+        if channel in listening:
+            listening.discard(channel)
+            cursor.execute(f"UNLISTEN {channel}")
+
+    def _acquire_notified(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        identity: tuple[str, int, str],
+        handoff: _Handoff | None = None,
+    ) -> Lease | None:
+        digest = self._digest(name)
+        token = secrets.token_hex(16)
+        channel = _channel(digest)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        args = (name, digest, token, ttl, identity)
+        sent = time.monotonic()
+        fence, hint = self._call("acquire", self._attempt, *args)
+        if fence is None and timeout != 0:
+            try:
+                while fence is None and not (handoff and handoff.abandoned):
+                    sent = time.monotonic()
+                    fence, hint = self._call(
+                        "acquire", self._listen_and_attempt, channel, *args
+                    )
+                    left = deadline - time.monotonic()
+                    if fence is not None or left <= 0:
+                        break
+                    if hint:
+                        wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
+                        self._call("wait", self._wait_notified, channel, wait)
+            finally:
+                try:
+                    self._call("stop listening", self._unlisten, channel)
+                except LockBackendError:
+                    pass
+        if fence is None:
+            return None
+        return Lease(self.alias, name, token, fence, ttl, sent + ttl, state=digest)
+
+    # -- polling, written once for acquire() and aacquire() ---------------
+
+    def _acquire_steps(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        identity: tuple[str, int, str],
+    ) -> Steps:
+        """Poll for ``name`` until acquired or ``timeout``; return the lease.
+
+        Yield ``("attempt", args)``, to be answered with what
+        ``_attempt(cursor, *args)`` returns, or ``("sleep", seconds)``; the
+        executors :meth:`_run` and :meth:`_arun` carry them out.
+        """
+        digest = self._digest(name)
+        token = secrets.token_hex(16)
+        args = (name, digest, token, ttl, identity)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        delay = MIN_BACKOFF
+        quick = 0
+        while True:
+            sent = time.monotonic()
+            fence, hint = yield ("attempt", args)
+            if fence is not None:
+                return Lease(
+                    self.alias, name, token, fence, ttl, sent + ttl, state=digest
+                )
+            if not hint and quick < 3:
+                quick += 1  # the row was free or just created: go again now
+                continue
+            left = deadline - time.monotonic()
+            if timeout == 0 or left <= 0:
+                return None
+            # Jittered exponential backoff, but wake when the lease can expire.
+            wait = min(random.uniform(delay / 2, delay), hint + 0.001, left)
+            yield ("sleep", max(0.0, wait))
+            delay = min(delay * 2, self.max_backoff)
+
+    def _run(self, steps: Steps) -> Any:
+        """Carry out ``steps`` in this thread; return its result.
+
+        The steps hold nothing to clean up: an error just propagates.
+        """
+        reply = None
+        while True:
+            try:
+                kind, arg = steps.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if kind == "attempt":
+                reply = self._call("acquire", self._attempt, *arg)
+            else:
+                time.sleep(arg)
+                reply = None
+
+    async def _arun(self, steps: Steps) -> Any:
+        """Carry out ``steps`` on the event loop, attempts in worker threads.
+
+        An attempt whose task is cancelled while it runs releases what it
+        obtains (see :class:`_Handoff`).
+        """
+        reply = None
+        while True:
+            try:
+                kind, arg = steps.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if kind == "attempt":
+                reply = await self._aattempt(*arg)
+            else:
+                await asyncio.sleep(arg)
+                reply = None
+
+    async def _aattempt(
+        self, name: str, digest: str, token: str, *args: Any
+    ) -> tuple[int | None, float]:
+        def undo(result: tuple[int | None, float]) -> None:
+            if result[0] is not None:
+                self._give_back(digest, token)
+
+        return await _Handoff(undo).arun(
+            self._call, "acquire", self._attempt, name, digest, token, *args
+        )
+
+    def _give_back(self, digest: str, token: str) -> None:
+        """Release a lease that no handle knows about (its task was cancelled)."""
+        try:
+            self._call("release", self._drop_once, digest, token)
+        except LockBackendError:
+            release_log.warning(
+                "A cancelled acquisition could not give its lease back; it "
+                "expires with its TTL.",
+                exc_info=True,
+            )
