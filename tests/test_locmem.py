@@ -62,3 +62,43 @@ class TestHandleArguments:
     def test_timeout_none_and_minus_one_wait_forever(self):
         assert lock("x").acquire(timeout=None)
         assert lock("y").acquire(timeout=-1)
+
+
+def assert_cancelled_waiter_leaves_nothing_held(alias: str) -> None:
+    """Cancel an asyncio waiter whose backend waits in a worker thread, then
+    release the lock it waited for: the name must be free at once."""
+    import asyncio
+    import time
+    import uuid
+
+    from django_distlock import lock
+
+    name = f"cancelled:{uuid.uuid4().hex}"
+    holder = lock(name, using=alias, ttl=30, auto_renew=False)
+    holder.acquire()
+
+    async def waiter() -> None:
+        task = asyncio.create_task(
+            lock(name, using=alias, ttl=30, timeout=10, auto_renew=False).aacquire()
+        )
+        await asyncio.sleep(0.2)  # the thread is waiting now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        holder.release()  # the waiting thread gets the lock, for nobody
+        await asyncio.sleep(0.3)  # let it, before the probe could win the race
+        probe = lock(name, using=alias, ttl=30, auto_renew=False)
+        deadline = time.monotonic() + 2.0
+        while not probe.acquire(timeout=0):
+            assert time.monotonic() < deadline, "the cancelled waiter's grant is held"
+            await asyncio.sleep(0.01)
+        probe.release()
+
+    asyncio.run(waiter())
+
+
+def test_cancelled_async_waiter_leaves_nothing_held(settings):
+    settings.LOCKS = {
+        "default": {"BACKEND": "django_distlock.backends.locmem.LocMemLockBackend"}
+    }
+    assert_cancelled_waiter_leaves_nothing_held("default")

@@ -296,3 +296,11 @@ class TestZooKeeperChecks:
     def test_kazoo_missing(self, monkeypatch):
         monkeypatch.setitem(sys.modules, "kazoo", None)
         assert "distlock.E016" in self._ids("a:2181")
+
+
+def test_cancelled_async_waiter_leaves_nothing_held(zk_settings):
+    # aacquire waits in a worker thread; the task awaiting it is cancelled,
+    # then the holder releases: the thread's late grant is given back at once.
+    from tests.test_locmem import assert_cancelled_waiter_leaves_nothing_held
+
+    assert_cancelled_waiter_leaves_nothing_held("default")

@@ -28,6 +28,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from ..exceptions import LockNotHeld
+from .handoff import Handoff
 
 __all__ = ["BaseLockBackend", "Holder", "Lease", "holder_identity", "new_token"]
 
@@ -494,11 +495,15 @@ class BaseLockBackend:
 
         Not thread-sensitive: a waiting acquire blocks its thread, and on the
         one thread-sensitive thread it would block the holder's ``arelease``
-        queued behind it (a deadlock until the timeout).
+        queued behind it (a deadlock until the timeout). If the awaiting task
+        is cancelled, a lease the thread obtains afterwards is released at
+        once (:class:`~.handoff.Handoff`): nobody would hold it.
         """
-        return await sync_to_async(self.acquire, thread_sensitive=False)(
-            name, ttl, timeout
-        )
+        def undo(lease: Lease | None) -> None:
+            if lease is not None:
+                self.release(lease)
+
+        return await Handoff(undo).arun(self.acquire, name, ttl, timeout)
 
     async def aholder_of(self, name: str) -> Holder | None:
         """Async twin of :meth:`holder_of`."""

@@ -11,11 +11,12 @@ from asgiref.sync import sync_to_async
 
 from ...exceptions import LockBackendError
 from ..base import BaseLockBackend, Holder, Lease, holder_identity
+from ..handoff import Handoff
 from .checks import DEFAULT_MAX_BACKOFF, OPTION_KEYS, check_entry
 from .connections import ConnectionsMixin
 from .dialects import Dialect
 from .names import decode_name, encode_name, record_digest
-from .waiting import WaitingMixin, _channel, _Handoff
+from .waiting import WaitingMixin, _channel
 
 __all__ = ["DatabaseLockBackend"]
 
@@ -202,7 +203,7 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
                 if lease is not None:
                     self._give_back(self._lease_digest(lease), lease.token)
 
-            handoff = _Handoff(undo)
+            handoff = Handoff(undo)
             return await handoff.arun(
                 self._acquire_notified, name, ttl, timeout, identity, handoff
             )

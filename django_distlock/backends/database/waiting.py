@@ -3,7 +3,7 @@
 The polling loop is written once, as a generator of steps (an attempt, a
 sleep) that a synchronous and an asyncio executor drive, so ``acquire`` and
 ``aacquire`` cannot drift apart. Asyncio attempts run in worker threads; one
-whose task is cancelled gives back what it obtains (:class:`_Handoff`).
+whose task is cancelled gives back what it obtains (:class:`Handoff`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ import logging
 import math
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable, Generator
 from typing import Any
 
-from asgiref.sync import sync_to_async
-
 from ...exceptions import LockBackendError
 from ..base import Lease
+from ..handoff import Handoff
 
 __all__ = ["WaitingMixin"]
 
@@ -41,58 +39,6 @@ Steps = Generator[tuple[str, Any], Any, Any]
 def _channel(digest: str) -> str:
     """Return the LISTEN/NOTIFY channel of a lock (hex: a safe identifier)."""
     return "distlock_" + digest[:40]
-
-
-class _Handoff:
-    """A worker thread's result, for its awaiting task or, if it left, ``undo``.
-
-    Cancelling a task that awaits ``sync_to_async`` does not stop the thread:
-    what an acquisition obtains after its task was cancelled must be given
-    back. Exactly one side undoes it: the thread, if the task left before the
-    result was ready, or the task, if the result was ready but never reached
-    it.
-    """
-
-    def __init__(self, undo: Callable[[Any], None]):
-        self._lock = threading.Lock()
-        self._undo = undo
-        self.abandoned = False
-        self._delivered = False
-        self._result: Any = None
-
-    def run(self, func: Callable[..., Any], *args: Any) -> Any:
-        """Return ``func(*args)``, undone at once if the task has left."""
-        result = func(*args)
-        with self._lock:
-            if not self.abandoned:
-                self._delivered = True
-                self._result = result
-                return result
-        self._undo(result)
-        return result
-
-    def abandon(self) -> None:
-        """Mark the task gone; undo a result that was ready, in a thread."""
-        with self._lock:
-            self.abandoned = True
-            delivered, result = self._delivered, self._result
-        if delivered:
-            threading.Thread(
-                target=self._undo, args=(result,), name="distlock-undo"
-            ).start()
-
-    async def arun(self, func: Callable[..., Any], *args: Any) -> Any:
-        """Await :meth:`run` in a worker thread; abandon it if cancelled."""
-        try:
-            return await _run_in_thread(self, func, *args)
-        except asyncio.CancelledError:
-            self.abandon()
-            raise
-
-
-# Made once: a SyncToAsync costs more to build than the rest of an attempt's
-# bookkeeping.
-_run_in_thread = sync_to_async(_Handoff.run, thread_sensitive=False)
 
 
 class WaitingMixin:
@@ -150,7 +96,7 @@ class WaitingMixin:
         ttl: float,
         timeout: float | None,
         identity: tuple[str, int, str],
-        handoff: _Handoff | None = None,
+        handoff: Handoff | None = None,
     ) -> Lease | None:
         digest = self._digest(name)
         token = secrets.token_hex(16)
@@ -241,7 +187,7 @@ class WaitingMixin:
         """Carry out ``steps`` on the event loop, attempts in worker threads.
 
         An attempt whose task is cancelled while it runs releases what it
-        obtains (see :class:`_Handoff`).
+        obtains (see :class:`Handoff`).
         """
         reply = None
         while True:
@@ -262,7 +208,7 @@ class WaitingMixin:
             if result[0] is not None:
                 self._give_back(digest, token)
 
-        return await _Handoff(undo).arun(
+        return await Handoff(undo).arun(
             self._call, "acquire", self._attempt, name, digest, token, *args
         )
 
