@@ -24,7 +24,7 @@ distlock.E015  Redis Cluster / Sentinel settings malformed (cluster URL with a
                database, ``CLUSTER`` not a bool, ``SENTINELS`` not a list of
                ``(host, port)``, no ``SERVICE_NAME``, both forms at once).
 distlock.E016  ZooKeeper ``LOCATION`` or ``OPTIONS`` malformed.
-distlock.E017  The backend's driver (redis-py, kazoo) is not installed.
+distlock.E019  The backend's driver (redis-py, kazoo) is not installed.
 distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
                to the view (registered in ``decorators.py``).
 distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).
@@ -226,7 +226,7 @@ DRIVER_EXTRAS = {
 def _missing_driver(where, backend, module, extra=None):
     extra = extra or DRIVER_EXTRAS[module]
     return _error(
-        "distlock.E017",
+        "distlock.E019",
         f"{where} uses {backend!r}, which needs the {module!r} package, "
         f"and it is not installed.",
         f'pip install "django-distlock[{extra}]"',

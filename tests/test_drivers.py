@@ -82,7 +82,7 @@ def test_missing_drivers_are_check_errors_with_the_pip_line(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert text.count("distlock.E017") == 3, text
+    assert text.count("distlock.E019") == 3, text
     assert 'pip install "django-distlock[redis]"' in text
     assert 'pip install "django-distlock[zookeeper]"' in text
     for alias in ("cache", "quorum", "zk"):

@@ -373,7 +373,7 @@ class BaseLockBackend:
     #: ``save(fence=...)`` can rely on them.
     durable_fencing = True
     #: The driver modules the backend imports, each with the extra of
-    #: ``django-distlock`` that installs it; a system check (``distlock.E017``)
+    #: ``django-distlock`` that installs it; a system check (``distlock.E019``)
     #: names the ``pip install`` line when one is missing.
     drivers: tuple[tuple[str, str], ...] = ()
 
