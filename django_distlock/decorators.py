@@ -385,7 +385,13 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 )
                 for text in problems
             ]
-            if isinstance(using, str) and using not in configured:
+            # A missing "default" is distlock.E002's, a malformed LOCKS E001's.
+            if (
+                configured is not None
+                and isinstance(using, str)
+                and using != DEFAULT_LOCK_ALIAS
+                and using not in configured
+            ):
                 messages.append(
                     Error(
                         f"{described} on view {view}: using={using!r} is not an "
@@ -452,13 +458,15 @@ def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
     return []
 
 
-def _configured_aliases() -> set[str]:
+def _configured_aliases() -> set[str] | None:
+    """Return the ``LOCKS`` aliases, or None if ``LOCKS`` is malformed."""
     from .handler import locks
 
     try:
-        return set(locks.settings)
-    except Exception:  # a malformed LOCKS is reported by distlock.E001
-        return set()
+        configured = locks.settings
+    except Exception:
+        return None
+    return set(configured) if isinstance(configured, dict) else None
 
 
 def _answered_anyway(

@@ -17,11 +17,12 @@ from weakref import WeakKeyDictionary
 from .backends.base import BaseLockBackend, Holder, Lease, running_task
 from .exceptions import (
     InvalidLockBackendError,
+    LockBackendError,
     LockLost,
     LockNotAcquired,
     LockNotHeld,
 )
-from .handler import DEFAULT_LOCK_ALIAS, locks
+from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
 from .signals import lock_acquired, lock_contended, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
 
@@ -235,7 +236,11 @@ class Lock(ContextDecorator):
         backend = self.backend
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
-        lease = backend.acquire(self.name, self.ttl, wait)
+        try:
+            lease = backend.acquire(self.name, self.ttl, wait)
+        except LockBackendError as e:
+            missing_table(backend, e)
+            raise
         return self._acquired(backend, lease, started, wait)
 
     def release(self) -> None:
@@ -308,7 +313,11 @@ class Lock(ContextDecorator):
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
-        lease = await backend.aacquire(self.name, ttl, wait)
+        try:
+            lease = await backend.aacquire(self.name, ttl, wait)
+        except LockBackendError as e:
+            await amissing_table(backend, e)
+            raise
         return self._acquired(backend, lease, started, wait, asynchronous=True)
 
     async def arelease(self) -> None:
@@ -347,7 +356,11 @@ class Lock(ContextDecorator):
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
-        lease = await backend.aacquire(self.name, ttl, wait)
+        try:
+            lease = await backend.aacquire(self.name, ttl, wait)
+        except LockBackendError as e:
+            await amissing_table(backend, e)
+            raise
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
             try:
                 holder = await backend.aholder_of(self.name)
