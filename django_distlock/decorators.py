@@ -167,6 +167,13 @@ def _describe(template_or_callable: Any) -> str:
 
 
 def _view_name(view: Callable) -> str:
+    # method_decorator() hands the decorator a partial of the bound method:
+    # name the view's class, not the base class defining the method.
+    bound = getattr(view, "func", None)
+    owner = getattr(bound, "__self__", None)
+    if owner is not None:
+        cls = type(owner)
+        return f"{cls.__module__}.{cls.__qualname__}.{bound.__name__}"
     module = getattr(view, "__module__", "?")
     return f"{module}.{getattr(view, '__qualname__', repr(view))}"
 
@@ -333,7 +340,7 @@ def distributed_lock(
         )
         wrapper.distributed_lock_options = getattr(
             wrapper, "distributed_lock_options", ()
-        ) + ((described, using, tuple(problems)),)
+        ) + ((described, using if isinstance(using, str) else None, tuple(problems)),)
         return wrapper
 
     return decorator
