@@ -117,11 +117,15 @@ def check_misnamed_setting(app_configs=None, **kwargs):
         if name == "LOCKS" or not name.isupper():
             continue
         value = getattr(settings, name, None)
-        if isinstance(value, dict) and any(
+        if not isinstance(value, dict):
+            continue
+        # A LOCKS-like dict of entries, or a single entry written bare.
+        entries = [value, *value.values()]
+        if any(
             isinstance(entry, dict)
             and isinstance(entry.get("BACKEND"), str)
             and entry["BACKEND"].startswith("django_distlock.")
-            for entry in value.values()
+            for entry in entries
         ):
             errors.append(
                 Error(

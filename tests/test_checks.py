@@ -252,6 +252,9 @@ def test_lock_without_s_is_reported():
         assert message.msg.endswith(
             ": without it, every lock uses the default database backend."
         )
+    with override_settings(LOCK={"BACKEND": LOCMEM}):
+        (message,) = [m for m in run_checks() if m.id == "distlock.E017"]
+        assert message.obj == "settings.LOCK"
     # A project's own LOCK setting is its business.
     with override_settings(LOCK={"default": {"BACKEND": "myapp.Thing"}}, LOCKS_X=3):
         assert [m for m in run_checks() if m.id == "distlock.E017"] == []
