@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,8 +36,17 @@ def test_quickstart_install_lines(tmp_path):
     assert "pip install -e /path/to/django-distlock" in lines
     assert "pip wheel . --no-deps -w dist" in lines
 
-    # The wheel, built from the checkout exactly as the page says.
-    pip("wheel", ".", "--no-deps", "-w", str(tmp_path / "dist"), cwd=ROOT)
+    # The wheel, built from a checkout exactly as the page says: a copy of
+    # this one, so that parallel runs never share a build directory.
+    checkout = tmp_path / "django-distlock"
+    shutil.copytree(
+        ROOT,
+        checkout,
+        ignore=shutil.ignore_patterns(
+            ".*", "build", "dist", "site", "*.egg-info", "__pycache__", "*.sqlite3"
+        ),
+    )
+    pip("wheel", ".", "--no-deps", "-w", str(tmp_path / "dist"), cwd=checkout)
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert f'pip install "dist/{wheel.name}"' in lines
     with zipfile.ZipFile(wheel) as archive:
