@@ -46,8 +46,8 @@ from .locking import (
     RELEASE_ON_EXIT,
     Lock,
     OnCommitLock,
-    option_problems,
 )
+from .options import option_problems
 
 __all__ = [
     "RETRY_AFTER_LOCKED",
