@@ -7,11 +7,18 @@ force-release. The pages are built like django-constance's: ``get_urls()``,
 ``admin_site.each_context(request)`` and a ``TemplateResponse``.
 
 Holders come straight from the backends (``holders()``), in the order the
-backend lists them (Redis: SCAN order). A page only reads as many holders as
-it shows plus the ones before it, so the first pages stay fast with 100,000
-holders; the total is not counted, as with the admin's
-``show_full_result_count = False``. A search reads every holder of the
-filtered backends (a full SCAN on Redis): seconds with 100,000 holders.
+backend lists them (Redis: SCAN order). A page shows ``list_per_page`` of
+them and the total, counted up to ``full_result_count_limit`` holders
+(beyond, "more than" that): counting reads the holders past the page, so the
+limit keeps a page's cost bounded with 100,000 holders. Set
+``show_full_result_count = False`` on a subclass to read only as far as the
+page. A search reads every holder of the filtered backends (a full SCAN on
+Redis) to find its matches.
+
+The search, the backend filter and the page survive a force-release: the
+changelist form carries them to the confirmation page as
+``_changelist_filters`` (the admin's own name for them), and both its cancel
+link and the redirect after the release return to the same list.
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.admin.options import csrf_protect_m
-from django.contrib.contenttypes.models import ContentType
 from django.core import signing
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    HttpRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    QueryDict,
+)
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import urlencode
@@ -50,8 +60,21 @@ SIGNING_SALT = "django_distlock.admin.release"
 REF_MAX_AGE = 3600
 
 
+#: The query parameters of the changelist that a release carries back.
+FILTERS_VAR = "_changelist_filters"
+#: The longest name shown on hover (the ``title``): a name may be 1 MB long.
+TITLE_WIDTH = 1000
+
+
 def _display_name(name: str, width: int = 200) -> str:
     return Truncator(name).chars(width)
+
+
+def _preserved(raw: str) -> str:
+    """Return ``raw`` reduced to the changelist's own query parameters."""
+    given = QueryDict(raw)
+    kept = {k: given[k] for k in (SEARCH_VAR, BACKEND_VAR, PAGE_VAR) if given.get(k)}
+    return urlencode(kept)
 
 
 class _Row:
@@ -60,6 +83,7 @@ class _Row:
     def __init__(self, holder: Holder, now: float, can_release: bool):
         self.holder = holder
         self.name = _display_name(holder.name)
+        self.full_name = _display_name(holder.name, TITLE_WIDTH)
         self.backend = holder.backend
         self.host, self.pid, self.thread = holder.host, holder.pid, holder.thread
         self.acquired_at = holder.acquired_at
@@ -99,6 +123,11 @@ class LockAdmin(admin.ModelAdmin):
     change_list_template = "admin/django_distlock/change_list.html"
     release_confirmation_template = "admin/django_distlock/release_confirmation.html"
     list_per_page = 100
+    #: Show the total. Counting reads the holders past the page, so it
+    #: stops at ``full_result_count_limit`` ("of more than 10,000"): a page
+    #: stays bounded however many locks are held.
+    show_full_result_count = True
+    full_result_count_limit = 10_000
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -169,13 +198,21 @@ class LockAdmin(admin.ModelAdmin):
         rows: list[_Row] = []
         has_next = False
         seen = 0
+        counting = self.show_full_result_count
+        limit = max(start + per_page, self.full_result_count_limit)
+        more = False
         for holder in self._holders(backend, query, notes):
             if seen >= start + per_page:
                 has_next = True
-                break
-            if seen >= start:
+                if not counting:
+                    break
+                if seen >= limit:
+                    more = True
+                    break
+            elif seen >= start:
                 rows.append(_Row(holder, now, can_release))
             seen += 1
+        total = seen if counting else None
 
         def url_with(**changes) -> str:
             params = {SEARCH_VAR: query, BACKEND_VAR: backend or "", PAGE_VAR: page}
@@ -210,6 +247,10 @@ class LockAdmin(admin.ModelAdmin):
             "backend": backend,
             "backend_choices": backend_choices,
             "page": page,
+            "total": total,
+            "total_is_more": more,
+            "preserved_filters": _preserved(request.GET.urlencode()),
+            "filters_var": FILTERS_VAR,
             "first_index": start + 1,
             "last_index": start + len(rows),
             "previous_url": url_with(**{PAGE_VAR: page - 1}) if page > 1 else None,
@@ -231,10 +272,13 @@ class LockAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["POST"])
         if not self.has_release_permission(request):
             raise PermissionDenied
+        preserved = _preserved(request.POST.get(FILTERS_VAR, ""))
         changelist = reverse(
             f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
             current_app=self.admin_site.name,
         )
+        if preserved:
+            changelist += "?" + preserved
         refs = request.POST.getlist(REF_VAR)
         leases = []
         for ref in refs:
@@ -260,13 +304,14 @@ class LockAdmin(admin.ModelAdmin):
                 "leases": leases,
                 "ref_var": REF_VAR,
                 "changelist_url": changelist,
+                "preserved_filters": preserved,
+                "filters_var": FILTERS_VAR,
             }
             request.current_app = self.admin_site.name
             return TemplateResponse(
                 request, self.release_confirmation_template, context
             )
         released = skipped = 0
-        content_type = ContentType.objects.get_for_model(Lock, for_concrete_model=False)
         for lease in leases:
             alias, name = lease["b"], lease["n"]
             try:
@@ -285,16 +330,21 @@ class LockAdmin(admin.ModelAdmin):
                 skipped += 1
                 continue
             released += 1
-            LogEntry.objects.create(
-                user_id=request.user.pk,
-                content_type=content_type,
-                object_id=None,
-                object_repr=_display_name(name, 200),
-                action_flag=DELETION,
-                change_message=(
-                    f"Force-released lock {_display_name(name, 100)!r} on backend "
-                    f"{alias!r} (holder {lease['h']}, fencing token {lease['f']})."
-                ),
+            # A change, not a deletion: the lock still exists and can be
+            # taken again; its holder lost it.
+            self.log_change(
+                request,
+                Lock(name=_display_name(name, 200)),
+                _(
+                    "Force-released lock %(name)s on backend %(alias)s "
+                    "(holder %(holder)s, fencing token %(fence)s)."
+                )
+                % {
+                    "name": repr(_display_name(name, 100)),
+                    "alias": repr(alias),
+                    "holder": lease["h"],
+                    "fence": lease["f"],
+                },
             )
         if released:
             self.message_user(

@@ -24,6 +24,10 @@ distlock.E015  Redis Cluster / Sentinel settings malformed (cluster URL with a
                database, ``CLUSTER`` not a bool, ``SENTINELS`` not a list of
                ``(host, port)``, no ``SERVICE_NAME``, both forms at once).
 distlock.E016  ZooKeeper ``LOCATION`` or ``OPTIONS`` malformed.
+distlock.E017  A setting other than ``LOCKS`` (``LOCK``, ``DISTLOCK_LOCKS``...)
+               holds django_distlock backends.
+distlock.E018  django_distlock is imported but not in ``INSTALLED_APPS``
+               (registered in ``handler.py``).
 distlock.E019  The backend's driver (redis-py, kazoo) is not installed.
 distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
                to the view (registered in ``decorators.py``).
@@ -48,7 +52,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, register
 from django.utils.module_loading import import_string
 
-__all__ = ["check_locks_setting"]
+__all__ = ["check_locks_setting", "check_misnamed_setting"]
 
 KNOWN_KEYS = {
     "BACKEND",
@@ -100,6 +104,47 @@ def check_locks_setting(app_configs=None, **kwargs):
         )
     for alias, params in value.items():
         errors.extend(_check_entry(alias, params))
+    return errors
+
+
+@register(Tags.caches, "distlock")
+def check_misnamed_setting(app_configs=None, **kwargs):
+    """Report a setting that looks like ``LOCKS`` under another name (``LOCK``).
+
+    django_distlock reads ``LOCKS`` only: without it every lock silently
+    uses the default database backend.
+    """
+    errors = []
+    for name in dir(settings):
+        if name == "LOCKS" or not name.isupper():
+            continue
+        value = getattr(settings, name, None)
+        if not isinstance(value, dict):
+            continue
+        # A LOCKS-like dict of entries, or a single entry written bare.
+        entries = [value, *value.values()]
+        if any(
+            isinstance(entry, dict)
+            and isinstance(entry.get("BACKEND"), str)
+            and entry["BACKEND"].startswith("django_distlock.")
+            for entry in entries
+        ):
+            errors.append(
+                Error(
+                    f"settings.{name} looks like a LOCKS setting, but "
+                    "django_distlock reads LOCKS only"
+                    + (
+                        ""
+                        if hasattr(settings, "LOCKS")
+                        else ": without it, every lock uses the default "
+                        "database backend"
+                    )
+                    + ".",
+                    hint=f"Rename {name} to LOCKS.",
+                    obj=f"settings.{name}",
+                    id="distlock.E017",
+                )
+            )
     return errors
 
 

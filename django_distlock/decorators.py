@@ -46,8 +46,8 @@ from .locking import (
     RELEASE_ON_EXIT,
     Lock,
     OnCommitLock,
-    option_problems,
 )
+from .options import option_problems
 
 __all__ = [
     "RETRY_AFTER_LOCKED",
@@ -167,6 +167,13 @@ def _describe(template_or_callable: Any) -> str:
 
 
 def _view_name(view: Callable) -> str:
+    # method_decorator() hands the decorator a partial of the bound method:
+    # name the view's class, not the base class defining the method.
+    bound = getattr(view, "func", None)
+    owner = getattr(bound, "__self__", None)
+    if owner is not None:
+        cls = type(owner)
+        return f"{cls.__module__}.{cls.__qualname__}.{bound.__name__}"
     module = getattr(view, "__module__", "?")
     return f"{module}.{getattr(view, '__qualname__', repr(view))}"
 
@@ -333,7 +340,7 @@ def distributed_lock(
         )
         wrapper.distributed_lock_options = getattr(
             wrapper, "distributed_lock_options", ()
-        ) + ((described, using, tuple(problems)),)
+        ) + ((described, using if isinstance(using, str) else None, tuple(problems)),)
         return wrapper
 
     return decorator
@@ -385,12 +392,12 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 )
                 for text in problems
             ]
-            # A missing "default" is distlock.E002's to report, once.
+            # A missing "default" is distlock.E002's, a malformed LOCKS E001's.
             if (
                 configured is not None
                 and isinstance(using, str)
+                and using != DEFAULT_LOCK_ALIAS
                 and using not in configured
-                and using != "default"
             ):
                 messages.append(
                     Error(
@@ -459,16 +466,14 @@ def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
 
 
 def _configured_aliases() -> set[str] | None:
-    """The LOCKS aliases, or None when LOCKS is malformed (E001 says so)."""
+    """Return the ``LOCKS`` aliases, or None if ``LOCKS`` is malformed."""
     from .handler import locks
 
     try:
         configured = locks.settings
     except Exception:
         return None
-    if not isinstance(configured, dict):
-        return None
-    return set(configured)
+    return set(configured) if isinstance(configured, dict) else None
 
 
 def _answered_anyway(

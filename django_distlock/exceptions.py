@@ -78,4 +78,9 @@ class StaleFencingToken(LockError):
 
 
 class InvalidLockBackendError(ImproperlyConfigured):
-    """``LOCKS`` names an alias that does not exist or a backend that cannot load."""
+    """A configuration mistake found at run time.
+
+    ``LOCKS`` names an alias that does not exist or a backend that cannot
+    load, the app is not in ``INSTALLED_APPS``, or the database backend's
+    table is missing (``migrate`` was not run).
+    """

@@ -6,7 +6,9 @@ import os
 import threading
 from typing import Any
 
+from django.apps import apps as django_apps
 from django.conf import settings as django_settings
+from django.core.checks import CheckMessage, Error, register
 from django.core.signals import setting_changed
 from django.utils.connection import BaseConnectionHandler
 from django.utils.module_loading import import_string
@@ -14,7 +16,14 @@ from django.utils.module_loading import import_string
 from .backends.base import BaseLockBackend
 from .exceptions import InvalidLockBackendError
 
-__all__ = ["DEFAULT_LOCK_ALIAS", "DEFAULT_LOCKS", "LockHandler", "locks"]
+__all__ = [
+    "DEFAULT_LOCK_ALIAS",
+    "DEFAULT_LOCKS",
+    "LockHandler",
+    "amissing_table",
+    "locks",
+    "missing_table",
+]
 
 DEFAULT_LOCK_ALIAS = "default"
 DEFAULT_LOCKS = {
@@ -23,6 +32,33 @@ DEFAULT_LOCKS = {
         "OPTIONS": {"DATABASE": "default"},
     }
 }
+
+
+APP = "django_distlock"
+NOT_INSTALLED = (
+    f"{APP!r} is not in INSTALLED_APPS: add it there. Its system checks, "
+    "its lock table (migrations) and its admin page need it."
+)
+
+
+@register("distlock")
+def check_app_installed(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """Report django_distlock used but missing from ``INSTALLED_APPS``.
+
+    Registered when the package is imported, so that it runs even then (the
+    app's own checks are registered by its AppConfig).
+    """
+    if django_apps.is_installed(APP):
+        return []
+    return [
+        Error(
+            f"{APP} is imported, but {APP!r} is not in INSTALLED_APPS.",
+            hint=f"Add {APP!r} to INSTALLED_APPS: its system checks, its lock "
+            "table (migrations) and its admin page need it.",
+            obj="settings.INSTALLED_APPS",
+            id="distlock.E018",
+        )
+    ]
 
 
 class _ProcessWide:
@@ -69,6 +105,8 @@ class LockHandler(BaseConnectionHandler):
                 return backend
 
     def create_connection(self, alias: str) -> BaseLockBackend:
+        if django_apps.ready and not django_apps.is_installed(APP):
+            raise InvalidLockBackendError(NOT_INSTALLED)
         params = dict(self.settings[alias])
         backend = params.get("BACKEND")
         try:
@@ -100,6 +138,45 @@ class LockHandler(BaseConnectionHandler):
 
 
 locks = LockHandler()
+
+
+def missing_table(backend: BaseLockBackend, error: Exception) -> None:
+    """Raise InvalidLockBackendError if ``error`` means a forgotten migrate.
+
+    A database backend whose lock table does not exist fails every call with
+    a LockBackendError, which a view answers ``503 Service Unavailable``:
+    it looks like an outage, and waiting will not mend it. Called with that
+    error (only then: it asks the database for its tables); returns if the
+    table is there.
+    """
+    from .backends.database import DatabaseLockBackend
+
+    if not isinstance(backend, DatabaseLockBackend):
+        return
+    from django.db import connections
+
+    from .models import LockRecord
+
+    table = LockRecord._meta.db_table
+    try:
+        with connections[backend.database].cursor() as cursor:
+            tables = connections[backend.database].introspection.table_names(cursor)
+    except Exception:
+        return  # the database itself is down: the LockBackendError stands
+    if table in tables:
+        return
+    raise InvalidLockBackendError(
+        f"The lock table {table!r} of LOCKS[{backend.alias!r}] does not exist "
+        f"on database {backend.database!r}: run "
+        f"'python manage.py migrate django_distlock --database {backend.database}'."
+    ) from error
+
+
+async def amissing_table(backend: BaseLockBackend, error: Exception) -> None:
+    """Async twin of :func:`missing_table`."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(missing_table)(backend, error)
 
 
 def _reset_locks(*, setting: str, **kwargs: Any) -> None:

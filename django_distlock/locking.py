@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 import time
 import weakref
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
-from numbers import Real
 from typing import Any
 from weakref import WeakKeyDictionary
 
 from .backends.base import BaseLockBackend, Holder, Lease, running_task
 from .exceptions import (
     InvalidLockBackendError,
+    LockBackendError,
     LockLost,
     LockNotAcquired,
     LockNotHeld,
 )
-from .handler import DEFAULT_LOCK_ALIAS, locks
+from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
+from .options import option_problems, seconds_problem, timeout_problem
 from .signals import lock_acquired, lock_contended, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
 
@@ -31,73 +31,9 @@ acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
-
-
-def _seconds_problem(what: str, value: Any) -> tuple[type[Exception], str] | None:
-    """Return (error class, text) if ``value`` is not a positive, finite number."""
-    if type(value) is float or type(value) is int:  # the common case, fast
-        if value > 0 and value != math.inf:
-            return None
-    elif not _is_number(value):
-        return TypeError, (
-            f"{what} must be a number of seconds, not {value!r} "
-            f"({type(value).__name__})"
-        )
-    if not (value > 0 and math.isfinite(value)):
-        return ValueError, f"{what} must be a positive number of seconds, not {value!r}"
-    return None
-
-
-def _timeout_problem(
-    value: Any, *, forever: tuple = (None,)
-) -> tuple[type[Exception], str] | None:
-    """Return (error class, text) if ``value`` is not a valid wait timeout."""
-    if value in forever and (value is None or _is_number(value)):
-        return None
-    allowed = "None, -1 or a number >= 0" if -1 in forever else "None or a number >= 0"
-    if not _is_number(value):
-        return TypeError, (
-            f"timeout must be {allowed} (seconds), not {value!r} "
-            f"({type(value).__name__})"
-        )
-    if not (value >= 0 and math.isfinite(value)):
-        return ValueError, f"timeout must be {allowed} (seconds), not {value!r}"
-    return None
-
-
-def option_problems(
-    *, using: Any, ttl: Any, timeout: Any, auto_renew: Any
-) -> list[tuple[type[Exception], str]]:
-    """Return what is wrong with the options of :func:`lock`, as (class, text).
-
-    An empty list means they are valid. The texts name the argument; callers
-    add the lock, so that each error is one sentence naming both.
-    """
-    problems = []
-    if not isinstance(using, str):
-        problems.append(
-            (TypeError, f"using must be a LOCKS alias (str), not {using!r}")
-        )
-    if ttl is not None:
-        problem = _seconds_problem("ttl", ttl)
-        if problem:
-            problems.append(problem)
-    if timeout is not DEFAULT:
-        problem = _timeout_problem(timeout)
-        if problem:
-            problems.append(problem)
-    if auto_renew is not None and not isinstance(auto_renew, bool):
-        problems.append(
-            (TypeError, f"auto_renew must be True, False or None, not {auto_renew!r}")
-        )
-    return problems
-
-
 def _check_seconds(name: str, what: str, value: Any) -> float:
     """Return ``value`` if it is a positive, finite number of seconds."""
-    problem = _seconds_problem(what, value)
+    problem = seconds_problem(what, value)
     if problem:
         error, text = problem
         raise error(f"Lock {name!r}: {text}.")
@@ -154,7 +90,10 @@ class Lock(ContextDecorator):
             and using.__class__ is str
         ):
             problems = option_problems(
-                using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew
+                using=using,
+                ttl=ttl,
+                timeout=None if timeout is DEFAULT else timeout,
+                auto_renew=auto_renew,
             )
             if problems:
                 error, text = problems[0]
@@ -216,7 +155,7 @@ class Lock(ContextDecorator):
             return 0
         if timeout is DEFAULT:
             return self.timeout
-        problem = _timeout_problem(timeout, forever=(None, -1))
+        problem = timeout_problem(timeout, forever=(None, -1))
         if problem:
             error, text = problem
             raise error(f"Lock {self.name!r}: {text}.")
@@ -235,7 +174,11 @@ class Lock(ContextDecorator):
         backend = self.backend
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
-        lease = backend.acquire(self.name, self.ttl, wait)
+        try:
+            lease = backend.acquire(self.name, self.ttl, wait)
+        except LockBackendError as e:
+            missing_table(backend, e)
+            raise
         return self._acquired(backend, lease, started, wait)
 
     def release(self) -> None:
@@ -308,7 +251,11 @@ class Lock(ContextDecorator):
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
-        lease = await backend.aacquire(self.name, ttl, wait)
+        try:
+            lease = await backend.aacquire(self.name, ttl, wait)
+        except LockBackendError as e:
+            await amissing_table(backend, e)
+            raise
         return self._acquired(backend, lease, started, wait, asynchronous=True)
 
     async def arelease(self) -> None:
@@ -347,7 +294,11 @@ class Lock(ContextDecorator):
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
-        lease = await backend.aacquire(self.name, ttl, wait)
+        try:
+            lease = await backend.aacquire(self.name, ttl, wait)
+        except LockBackendError as e:
+            await amissing_table(backend, e)
+            raise
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
             try:
                 holder = await backend.aholder_of(self.name)

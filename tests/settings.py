@@ -67,6 +67,9 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # The live server serves the admin's CSS and JS from the apps, so that the
+    # browser tests see (and screenshot) the page as users do.
+    "django.contrib.staticfiles",
     "django_distlock",
     "tests.testapp",
 ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
 import time
 
 import pytest
-from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -100,10 +102,14 @@ def test_release_is_logged_and_the_holder_finds_out(backend_kind, admin_client):
     with pytest.raises(LockLost):
         held.release()
     entry = LogEntry.objects.get()
-    assert entry.action_flag == DELETION
+    # A change of the lock (its holder lost it), not a deletion.
+    assert entry.action_flag == CHANGE
     assert entry.object_repr == "log:me"
-    assert "default" in entry.change_message
-    assert str(token) in entry.change_message
+    assert entry.get_change_message() == (
+        f"Force-released lock 'log:me' on backend 'default' (holder "
+        f"{socket.gethostname()}:{os.getpid()}/{threading.current_thread().name}, "
+        f"fencing token {token})."
+    )
     messages = [
         str(m) for m in admin_client.get(reverse(CHANGELIST)).context["messages"]
     ]
@@ -162,6 +168,75 @@ def test_search_filter_and_pagination(admin_client, redis_url, monkeypatch):
                 h.release()
 
 
+def test_total_count(admin_client, backend_kind, monkeypatch):
+    monkeypatch.setattr(LockAdmin, "list_per_page", 2)
+    handles = [lock(f"count:{i}", timeout=0) for i in range(5)]
+    for h in handles:
+        assert h.acquire()
+    try:
+        response = admin_client.get(reverse(CHANGELIST), {"p": 2})
+        assert response.context["total"] == 5
+        assert "Locks 3–4 of 5" in response.content.decode()
+        response = admin_client.get(reverse(CHANGELIST), {"q": "count:4"})
+        assert "Locks 1–1 of 1" in response.content.decode()
+        # Counting stops at the limit (a page's cost stays bounded).
+        monkeypatch.setattr(LockAdmin, "full_result_count_limit", 3)
+        response = admin_client.get(reverse(CHANGELIST))
+        assert "Locks 1–2 of more than 3" in response.content.decode()
+        response = admin_client.get(reverse(CHANGELIST), {"p": 3})
+        assert "Locks 5–5 of 5" in response.content.decode()
+    finally:
+        for h in handles:
+            h.release()
+
+
+def test_search_filter_and_page_survive_a_release(admin_client, backend_kind):
+    handles = [lock(f"keep:{i}", timeout=0) for i in range(3)]
+    for h in handles:
+        assert h.acquire()
+    try:
+        listed = admin_client.get(
+            reverse(CHANGELIST), {"q": "keep:", "backend": "default"}
+        )
+        html = listed.content.decode()
+        preserved = "q=keep%3A&amp;backend=default"
+        assert f'name="_changelist_filters" value="{preserved}"' in html
+        ref = refs(listed)[0]
+        filters = "q=keep%3A&backend=default"
+        confirm = admin_client.post(
+            reverse(RELEASE), {"ref": ref, "_changelist_filters": filters}
+        )
+        page = confirm.content.decode()
+        back = f"{reverse(CHANGELIST)}?q=keep%3A&amp;backend=default"
+        assert f'href="{back}" class="button cancel-link"' in page
+        assert f'name="_changelist_filters" value="{preserved}"' in page
+        done = admin_client.post(
+            reverse(RELEASE),
+            {"ref": ref, "post": "yes", "_changelist_filters": filters},
+        )
+        assert done["Location"] == f"{reverse(CHANGELIST)}?{filters}"
+        # Only the changelist's own parameters travel.
+        done = admin_client.post(
+            reverse(RELEASE), {"_changelist_filters": "q=x&next=//evil.example/"}
+        )
+        assert done["Location"] == f"{reverse(CHANGELIST)}?q=x"
+    finally:
+        for h in handles:
+            try:
+                h.release()
+            except LockLost:
+                pass
+
+
+def test_select_all_and_long_names(admin_client, backend_kind):
+    name = "long:" + "x" * 5000
+    with lock(name, timeout=0), lock("short", timeout=0):
+        html = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert 'id="action-toggle"' in html
+    # The cell shows 200 characters, its title (hover) up to 1000.
+    assert f'title="{name[:999]}…">{name[:199]}…</span>' in html
+
+
 def test_unreachable_backend_is_a_note(admin_client, redis_url):
     setting = {**redis_locks(redis_url), "down": down_locks()["default"]}
     with override_settings(LOCKS=setting), lock("up:1", timeout=0):
@@ -170,6 +245,10 @@ def test_unreachable_backend_is_a_note(admin_client, redis_url):
         html = response.content.decode()
         assert "up:1" in html
         assert 'class="errornote"' in html and "down" in html
+        response = admin_client.get(reverse(CHANGELIST), {"q": "nothing like it"})
+        html = response.content.decode()
+        assert "No locks are held" not in html
+        assert "No lock is held on the backends that could be read." in html
 
 
 def test_permissions(django_user_model, backend_kind):
@@ -248,6 +327,8 @@ def test_pages_stay_fast_with_100k_holders(admin_client, redis_server, redis_url
             timings[label] = time.perf_counter() - started
             assert response.status_code == 200
         assert len(response.context["rows"]) == 1
+        page = admin_client.get(url).content.decode()
+        assert "Locks 1–100 of more than 10000" in page
         print(
             f"\nadmin Locks page with {count} holders: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items())

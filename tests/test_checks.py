@@ -224,3 +224,123 @@ def test_manage_py_check_in_a_real_process(tmp_path):
     assert result.returncode == 1
     assert "distlock.E004" in result.stderr
     assert "HINT: Set LOCATION" in result.stderr
+
+
+# -- silent misconfiguration --------------------------------------------------
+
+
+def test_lock_without_s_is_reported():
+    lock_like = {"default": {"BACKEND": LOCMEM}}
+    with override_settings(LOCK=lock_like, DISTLOCK_LOCKS=lock_like, DEBUG=True):
+        messages = [m for m in run_checks() if m.id == "distlock.E017"]
+        assert sorted(m.obj for m in messages) == [
+            "settings.DISTLOCK_LOCKS",
+            "settings.LOCK",
+        ]
+        (message,) = [m for m in messages if m.obj == "settings.LOCK"]
+        assert message.msg == (
+            "settings.LOCK looks like a LOCKS setting, but django_distlock reads "
+            "LOCKS only."
+        )
+        assert message.hint == "Rename LOCK to LOCKS."
+        from django.conf import settings
+
+        del settings.LOCKS
+        (message, _) = sorted(
+            (m for m in run_checks() if m.id == "distlock.E017"), key=lambda m: m.obj
+        )
+        assert message.msg.endswith(
+            ": without it, every lock uses the default database backend."
+        )
+    with override_settings(LOCK={"BACKEND": LOCMEM}):
+        (message,) = [m for m in run_checks() if m.id == "distlock.E017"]
+        assert message.obj == "settings.LOCK"
+    # A project's own LOCK setting is its business.
+    with override_settings(LOCK={"default": {"BACKEND": "myapp.Thing"}}, LOCKS_X=3):
+        assert [m for m in run_checks() if m.id == "distlock.E017"] == []
+
+
+def run_django(tmp_path, settings: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``python <args>`` with ``settings`` as the settings module."""
+    (tmp_path / "fw_settings.py").write_text(settings)
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "fw_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)]),
+    }
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+
+def test_app_missing_from_installed_apps(tmp_path):
+    # A project app whose models use django_distlock, the app itself missing.
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "models.py").write_text("from django_distlock import lock\n")
+    settings = (
+        "SECRET_KEY = 'x'\n"
+        "INSTALLED_APPS = ['django.contrib.contenttypes', 'shop']\n"
+        "DATABASES = {}\n"
+        "LOCKS = {'default': {'BACKEND': "
+        "'django_distlock.backends.locmem.LocMemLockBackend'}}\n"
+    )
+    result = run_django(tmp_path, settings, "-m", "django", "check")
+    assert result.returncode == 1
+    assert (
+        "settings.INSTALLED_APPS: (distlock.E018) django_distlock is imported, but "
+        "'django_distlock' is not in INSTALLED_APPS." in result.stderr
+    )
+    assert "HINT: Add 'django_distlock' to INSTALLED_APPS" in result.stderr
+    # And at run time, before anything else can go wrong.
+    script = (
+        "import django; django.setup()\n"
+        "from django_distlock import lock\n"
+        "try:\n"
+        "    lock('x').acquire()\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    result = run_django(tmp_path, settings, "-c", script)
+    assert result.stdout == (
+        "InvalidLockBackendError 'django_distlock' is not in INSTALLED_APPS: add it "
+        "there. Its system checks, its lock table (migrations) and its admin page "
+        "need it.\n"
+    ), result.stderr
+
+
+def test_forgotten_migrate_says_so(tmp_path):
+    settings = (
+        "from tests.settings import *  # noqa\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(tmp_path / 'never-migrated.sqlite3')!r}}}}}\n"
+        "LOCKS = {'default': {'BACKEND': "
+        "'django_distlock.backends.database.DatabaseLockBackend'}}\n"
+    )
+    script = (
+        "import asyncio, django; django.setup()\n"
+        "from django.test import Client\n"
+        "from django_distlock import lock\n"
+        "async def alock():\n"
+        "    async with lock('x'):\n"
+        "        pass\n"
+        "for attempt in (lambda: lock('x').acquire(), lambda: asyncio.run(alock()),\n"
+        "                lambda: Client().get('/buy-now/x/')):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__, e)\n"
+    )
+    result = run_django(tmp_path, settings, "-c", script)
+    expected = (
+        "InvalidLockBackendError The lock table 'django_distlock_lockrecord' of "
+        "LOCKS['default'] does not exist on database 'default': run 'python "
+        "manage.py migrate django_distlock --database default'.\n"
+    )
+    assert result.stdout == expected * 3, result.stderr

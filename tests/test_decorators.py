@@ -241,6 +241,8 @@ def test_system_check_reports_bad_arguments():
     assert bad == [
         "distributed_lock('bad:<sku>') on view tests.views.BadTypesView: "
         "ttl must be a number of seconds, not '30' (str).",
+        "distributed_lock('bad:<sku>') on view tests.views.BadTypesView: "
+        "using must be a LOCKS alias (str), not ['not', 'an', 'alias'].",
         "distributed_lock('bad:<sku>') on view tests.views.bad_numbers: "
         "timeout must be None or a number >= 0 (seconds), not -3.",
         "distributed_lock('bad:<sku>') on view tests.views.bad_numbers: "
@@ -254,8 +256,12 @@ def test_system_check_reports_bad_arguments():
 def test_bad_arguments_fail_the_request_with_the_same_sentence():
     with pytest.raises(ImproperlyConfigured, match=r"ttl must be a positive"):
         Client().get("/bad-numbers/b1/")
-    with pytest.raises(ImproperlyConfigured, match=r"ttl must be a number"):
+    with pytest.raises(ImproperlyConfigured) as info:
         Client().get("/bad-types/b1/")
+    assert str(info.value) == (
+        "distributed_lock('bad:<sku>') on view tests.views.BadTypesView.dispatch: "
+        "using must be a LOCKS alias (str), not ['not', 'an', 'alias']."
+    )
     with pytest.raises(ImproperlyConfigured, match="'nope'"):
         Client().get("/unknown-alias/b1/")
 

@@ -399,3 +399,19 @@ def test_every_check_id_is_documented():
     documented = set(re.findall(r"^\| `(distlock\.[EW]\d{3})` \|", table, re.M))
     assert emitted - documented == set(), "check ids missing from docs/settings.md"
     assert documented - emitted == set(), "docs/settings.md lists unknown check ids"
+
+
+def test_usage_argument_table_lists_every_keyword():
+    """Each keyword of lock(), lock_for() and distributed_lock() has its row
+    in the usage guide's table (on_locked has a section of its own)."""
+    from django_distlock import distributed_lock, lock, lock_for
+
+    page = (DOCS / "usage.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)` \|", page, re.M))
+    keywords = {
+        name
+        for function in (lock, lock_for, distributed_lock)
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in (parameter.KEYWORD_ONLY,)
+    } - {"on_locked", "options"}
+    assert keywords <= rows, sorted(keywords - rows)

@@ -78,7 +78,10 @@ def bad_numbers(request, sku):
     return HttpResponse("never")
 
 
-@method_decorator(distributed_lock("bad:<sku>", ttl="30"), name="dispatch")
+@method_decorator(
+    distributed_lock("bad:<sku>", ttl="30", using=["not", "an", "alias"]),
+    name="dispatch",
+)
 class BadTypesView(View):
     def get(self, request, sku):
         return HttpResponse("never")
