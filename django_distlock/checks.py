@@ -50,6 +50,7 @@ from numbers import Real
 
 from django.conf import settings
 from django.core.checks import Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 __all__ = ["check_locks_setting", "check_misnamed_setting"]
@@ -118,7 +119,10 @@ def check_misnamed_setting(app_configs=None, **kwargs):
     for name in dir(settings):
         if name == "LOCKS" or not name.isupper():
             continue
-        value = getattr(settings, name, None)
+        try:
+            value = getattr(settings, name, None)
+        except ImproperlyConfigured:  # e.g. an empty SECRET_KEY: not ours
+            continue
         if not isinstance(value, dict):
             continue
         # A LOCKS-like dict of entries, or a single entry written bare.
