@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_distlock.backends.base import BaseLockBackend, Holder
 from django_distlock.exceptions import LockError
 from django_distlock.handler import locks
+from django_distlock.management.run import add_run_parser, handle_run
 
 #: Longest name shown in the table (the full name is in the JSON output).
 TABLE_NAME_WIDTH = 60
@@ -88,6 +89,7 @@ class Command(BaseCommand):
             dest="interactive",
             help="Do not ask for confirmation.",
         )
+        add_run_parser(sub)
 
     # -- helpers ------------------------------------------------------------
 
@@ -120,6 +122,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if options["subcommand"] == "list":
             return self.handle_list(**options)
+        if options["subcommand"] == "run":
+            return handle_run(self, **options)
         return self.handle_clear(**options)
 
     # -- list -----------------------------------------------------------------
