@@ -24,7 +24,7 @@ _numbers = itertools.count()
 class ManagePy:
     """``manage.py`` with the settings of the running test, LOCKS as given."""
 
-    def __init__(self, directory: Path, locks: dict | None = None):
+    def __init__(self, directory: Path, locks: dict | None = None, extra: str = ""):
         databases = {}
         for alias, entry in settings.DATABASES.items():
             entry = dict(entry)
@@ -35,7 +35,7 @@ class ManagePy:
         (directory / f"{module}.py").write_text(
             "from tests.settings import *  # noqa\n\n"
             f"DATABASES = {databases!r}\n"
-            f"LOCKS = {locks!r}\n"
+            f"LOCKS = {locks!r}\n{extra}"
         )
         self.env = {
             **os.environ,
