@@ -14,9 +14,9 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from .backends.base import BaseLockBackend, Lease, running_task
-from .exceptions import LockLost, LockNotAcquired, LockNotHeld
+from .exceptions import LockBackendError, LockLost, LockNotAcquired, LockNotHeld
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .signals import lock_acquired, lock_contended, lock_released
+from .signals import lock_acquired, lock_contended, lock_error, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
 
 __all__ = ["Lock", "OnCommitLock", "lock", "lock_for"]
@@ -147,7 +147,11 @@ class Lock(ContextDecorator):
         backend = self.backend
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
-        lease = backend.acquire(self.name, self.ttl, wait)
+        try:
+            lease = backend.acquire(self.name, self.ttl, wait)
+        except LockBackendError as exc:
+            self._failed(backend, started, exc)
+            raise
         return self._acquired(backend, lease, started, wait)
 
     def release(self) -> None:
@@ -208,7 +212,11 @@ class Lock(ContextDecorator):
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
-        lease = await backend.aacquire(self.name, ttl, wait)
+        try:
+            lease = await backend.aacquire(self.name, ttl, wait)
+        except LockBackendError as exc:
+            self._failed(backend, started, exc)
+            raise
         return self._acquired(backend, lease, started, wait, asynchronous=True)
 
     async def arelease(self) -> None:
@@ -239,7 +247,11 @@ class Lock(ContextDecorator):
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
-        lease = await backend.aacquire(self.name, ttl, wait)
+        try:
+            lease = await backend.aacquire(self.name, ttl, wait)
+        except LockBackendError as exc:
+            self._failed(backend, started, exc)
+            raise
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
             raise LockNotAcquired(self._not_acquired_message(), name=self.name)
         return self
@@ -322,6 +334,17 @@ class Lock(ContextDecorator):
                 wait=waited,
             )
         return True
+
+    def _failed(self, backend, started, exc: LockBackendError) -> None:
+        if lock_error.receivers:
+            lock_error.send(
+                sender=type(backend),
+                alias=backend.alias,
+                name=self.name,
+                lease=None,
+                wait=time.monotonic() - started,
+                error=exc,
+            )
 
     def _not_acquired_message(self) -> str:
         message = f"Lock {self.name!r} was not acquired within {self.timeout} s."
