@@ -73,7 +73,7 @@ def test_bad_declarations_fail_at_import():
         locked_task("x", ttl=0)
 
 
-def test_busy_outside_a_worker(locmem):
+def test_busy_outside_a_worker(locmem, caplog):
     calls = []
 
     def body(key):
@@ -89,6 +89,7 @@ def test_busy_outside_a_worker(locmem):
         signalled.append((sender, kwargs))
 
     task_skipped.connect(receiver)
+    caplog.set_level("INFO", logger="django_distlock.celery")
     try:
         with lock("k:1", timeout=0):
             result = skip("1")
@@ -104,6 +105,9 @@ def test_busy_outside_a_worker(locmem):
         assert skip("1") == "done"
     finally:
         task_skipped.disconnect(receiver)
+    (logged,) = [r for r in caplog.records if r.name == "django_distlock.celery"]
+    assert logged.levelname == "INFO"
+    assert "skipped: Lock 'k:1' is busy" in logged.getMessage()
     ((sender, kwargs),) = signalled
     assert sender is skip
     assert kwargs["name"] == "k:1"

@@ -225,6 +225,30 @@ def test_locked_command_class(locmem):
     assert out.getvalue().strip() == "skipping command ran"
 
 
+class PerTenantCommand(LockedCommand):
+    def add_arguments(self, parser):
+        parser.add_argument("tenant")
+
+    def get_lock_name(self, *args, **options):
+        return f"import:{options['tenant']}"
+
+    def handle(self, *args, tenant, **options):
+        self.stdout.write(f"imported {tenant}")
+
+
+def test_locked_command_named_after_its_options(locmem):
+    other = HeldElsewhere("import:acme")
+    try:
+        with pytest.raises(CommandError) as raised:
+            call_command(PerTenantCommand(), "acme")
+        assert raised.value.returncode == 75
+        out = io.StringIO()
+        call_command(PerTenantCommand(), "globex", stdout=out)
+        assert out.getvalue().strip() == "imported globex"
+    finally:
+        other.close()
+
+
 # -- real processes -----------------------------------------------------------
 
 
