@@ -30,6 +30,7 @@ from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..locking import lock
 
 __all__ = [
+    "EX_LOST",
     "EX_TEMPFAIL",
     "EX_UNAVAILABLE",
     "LockedCommand",
