@@ -1,9 +1,9 @@
 """``django_distlock.contrib.celery.locked_task``, in-process and on real workers.
 
-The worker tests start a redis-server of their own (broker, result backend
-and the lock backend) and two Celery workers (prefork pool, one process
-each, late acks: a busy worker fetches nothing more), then send duplicates
-of a task and read what each run did from a log file the tasks write.
+The worker tests start two Celery workers (prefork pool, one process each,
+late acks: a busy worker fetches nothing more) on the machine's RabbitMQ,
+with the locks on a redis-server of their own, then send duplicates of a task
+and read what each run did from a log file the tasks write.
 """
 
 from __future__ import annotations
@@ -15,17 +15,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
 from celery import Celery
 from django.test import override_settings
+from kombu import Queue
 
 from django_distlock import LockNotAcquired, lock, locks
 from django_distlock.contrib.celery import is_skipped, locked_task, task_skipped
 from django_distlock.signals import lock_contended
 
-from .conftest import redis_locks
+from .conftest import redis_locks, require_tcp
 from .manage_py import ROOT, ManagePy
 from .servers import RedisServer
 from .surface import try_lock, wait_until
@@ -148,27 +150,47 @@ def test_bound_task_retries_when_busy_in_apply(locmem):
 # -- real workers -------------------------------------------------------------
 
 
+#: The broker: the RabbitMQ of the machine. (kombu's Redis transport needs a
+#: newer redis-py than the oldest this package supports, so Redis is only the
+#: lock backend here.)
+AMQP_URL = os.environ.get("DISTLOCK_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
 class Cluster:
-    """A redis-server and two Celery worker processes."""
+    """Two Celery worker processes on RabbitMQ, locks on a redis-server.
+
+    Tasks go through a queue of this test run's own, deleted when its last
+    consumer goes; results come back over RabbitMQ too (``rpc://``).
+    """
 
     def __init__(self, base: Path):
+        parsed = urllib.parse.urlsplit(AMQP_URL)
+        require_tcp(parsed.hostname, parsed.port or 5672, "RabbitMQ")
+        self.queue = f"distlock-tests-{os.getpid()}-{time.monotonic_ns()}"
         self.redis = RedisServer().start()
-        url = self.redis.url
-        self.broker = url[:-1] + "1"
-        self.backend = url[:-1] + "2"
-        self.locks = redis_locks(url)
+        self.locks = redis_locks(self.redis.url)
         extra = (
-            f"CELERY_BROKER_URL = {self.broker!r}\n"
-            f"CELERY_RESULT_BACKEND = {self.backend!r}\n"
+            "from kombu import Queue\n"
+            f"CELERY_BROKER_URL = {AMQP_URL!r}\n"
+            "CELERY_RESULT_BACKEND = 'rpc://'\n"
+            f"CELERY_TASK_DEFAULT_QUEUE = {self.queue!r}\n"
+            # Not durable, gone with its last consumer: nothing is left behind.
+            f"CELERY_TASK_QUEUES = [Queue({self.queue!r}, durable=False, "
+            "auto_delete=True)]\n"
             "CELERY_TASK_ACKS_LATE = True\n"
             "CELERY_WORKER_PREFETCH_MULTIPLIER = 1\n"
+            "CELERY_WORKER_ENABLE_REMOTE_CONTROL = False\n"
             "CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True\n"
         )
         self.env = ManagePy(base, self.locks, extra=extra).env
         self.base = base
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
-        self.client = Celery("client", broker=self.broker, backend=self.backend)
+        self.client = Celery("client", broker=AMQP_URL, backend="rpc://")
+        self.client.conf.task_default_queue = self.queue
+        self.client.conf.task_queues = [
+            Queue(self.queue, durable=False, auto_delete=True)
+        ]
 
     def start_worker(self, name: str) -> None:
         log = self.base / f"{name}.log"
