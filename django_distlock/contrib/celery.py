@@ -1,7 +1,5 @@
 """Celery tasks that run one at a time per lock name: ``locked_task``.
 
-::
-
     from celery import shared_task
     from django_distlock.contrib.celery import locked_task
 

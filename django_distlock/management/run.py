@@ -148,7 +148,7 @@ class LockedCommand(BaseCommand):
     :class:`~django.core.management.CommandError` with ``returncode`` 75
     naming the holder (or, with ``lock_skip_if_locked``, returns without
     running); the backend unreachable gives ``returncode`` 69. The class
-    attributes mirror the options of ``manage.py locks run``::
+    attributes mirror the options of ``manage.py locks run``:
 
         class Command(LockedCommand):
             lock_name = "nightly-report"   # default: "manage.py:<command name>"
