@@ -1,8 +1,9 @@
 """``manage.py locks run``: flock(1) for management commands, and LockedCommand.
 
 The cron-like tests start several real ``manage.py locks run`` processes at
-once against the database backend (the SQLite test file, PostgreSQL) and a
-real redis-server: exactly one runs the command, the others find it busy.
+once against the database backend (on the run's default test database, a
+SQLite file by default, and on PostgreSQL) and a real redis-server: exactly
+one runs the command, the others find it busy.
 """
 
 from __future__ import annotations
@@ -263,7 +264,9 @@ def database_locks(alias: str) -> dict:
 
 @pytest.fixture(
     params=[
-        pytest.param("sqlite", marks=pytest.mark.django_db(transaction=True)),
+        # The test run's default database: a SQLite file unless
+        # DISTLOCK_TEST_DB picks PostgreSQL or MariaDB.
+        pytest.param("database", marks=pytest.mark.django_db(transaction=True)),
         pytest.param(
             "postgres",
             marks=[
@@ -284,10 +287,6 @@ def process_locks(request):
         request.getfixturevalue("postgres_available")
         setting = database_locks("postgres")
     else:
-        from django.db import connection
-
-        if connection.vendor != "sqlite":
-            pytest.skip("the default test database is not SQLite in this run")
         setting = database_locks("default")
     with override_settings(LOCKS=setting):
         yield setting
