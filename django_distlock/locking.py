@@ -22,7 +22,7 @@ from .exceptions import (
 )
 from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
 from .options import option_problems, seconds_problem, timeout_problem
-from .signals import lock_acquired, lock_contended, lock_released
+from .signals import lock_acquired, lock_contended, lock_error, lock_released
 from .watchdog import async_watchdog, get_watchdog, report_lost
 
 __all__ = ["Lock", "OnCommitLock", "lock", "lock_for"]
@@ -177,6 +177,7 @@ class Lock(ContextDecorator):
         try:
             lease = backend.acquire(self.name, self.ttl, wait)
         except LockBackendError as e:
+            self._failed(backend, started, e)
             missing_table(backend, e)
             raise
         return self._acquired(backend, lease, started, wait)
@@ -254,6 +255,7 @@ class Lock(ContextDecorator):
         try:
             lease = await backend.aacquire(self.name, ttl, wait)
         except LockBackendError as e:
+            self._failed(backend, started, e)
             await amissing_table(backend, e)
             raise
         return self._acquired(backend, lease, started, wait, asynchronous=True)
@@ -297,6 +299,7 @@ class Lock(ContextDecorator):
         try:
             lease = await backend.aacquire(self.name, ttl, wait)
         except LockBackendError as e:
+            self._failed(backend, started, e)
             await amissing_table(backend, e)
             raise
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
@@ -385,6 +388,17 @@ class Lock(ContextDecorator):
                 wait=waited,
             )
         return True
+
+    def _failed(self, backend, started, exc: LockBackendError) -> None:
+        if lock_error.receivers:
+            lock_error.send(
+                sender=type(backend),
+                alias=backend.alias,
+                name=self.name,
+                lease=None,
+                wait=time.monotonic() - started,
+                error=exc,
+            )
 
     def _no_such_alias(self) -> None:
         """Raise a clearer error if ``using`` is no alias (else return)."""

@@ -9,6 +9,9 @@ there is none). Some add timings:
 - ``lock_released``: ``held`` (seconds the lease was held).
 - ``lock_lost``: ``held`` (seconds from acquisition to detection), ``reason``.
 - ``lock_contended``: ``wait`` (seconds waited before giving up), ``timeout``.
+- ``lock_error``: an acquisition failed because the backend could not be
+  reached: ``wait`` (seconds until it failed), ``error`` (the
+  :class:`~django_distlock.exceptions.LockBackendError`).
 """
 
 from django.dispatch import Signal
@@ -17,3 +20,4 @@ lock_acquired = Signal()
 lock_released = Signal()
 lock_lost = Signal()
 lock_contended = Signal()
+lock_error = Signal()

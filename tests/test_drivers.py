@@ -28,7 +28,9 @@ CHILD = textwrap.dedent(
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3",
                                "NAME": ":memory:"}},
         LOCKS={
-            "default": {"BACKEND": "django_distlock.backends.database.DatabaseLockBackend"},
+            "default": {
+                "BACKEND": "django_distlock.backends.database.DatabaseLockBackend"
+            },
             "cache": {"BACKEND": "django_distlock.backends.redis.RedisLockBackend",
                       "LOCATION": "redis://127.0.0.1:6379/0"},
             "quorum": {"BACKEND": "django_distlock.backends.redlock.RedlockBackend",

@@ -19,6 +19,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django_distlock.backends.base import BaseLockBackend, Holder
 from django_distlock.exceptions import LockError
 from django_distlock.handler import locks
+from django_distlock.management.ping import add_ping_parser, handle_ping
+from django_distlock.management.run import add_run_parser, handle_run
 
 #: Longest name shown in the table (the full name is in the JSON output).
 TABLE_NAME_WIDTH = 60
@@ -89,6 +91,8 @@ class Command(BaseCommand):
             dest="interactive",
             help="Do not ask for confirmation.",
         )
+        add_run_parser(sub)
+        add_ping_parser(sub)
 
     # -- helpers ------------------------------------------------------------
 
@@ -127,6 +131,10 @@ class Command(BaseCommand):
         self.read_aliases = []
         if options["subcommand"] == "list":
             return self.handle_list(**options)
+        if options["subcommand"] == "run":
+            return handle_run(self, **options)
+        if options["subcommand"] == "ping":
+            return handle_ping(self, **options)
         return self.handle_clear(**options)
 
     # -- list -----------------------------------------------------------------

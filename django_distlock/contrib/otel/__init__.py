@@ -1,0 +1,139 @@
+"""OpenTelemetry spans for the locks, fed by django_distlock's signals.
+
+Add ``"django_distlock.contrib.otel"`` to ``INSTALLED_APPS`` (and install
+``opentelemetry-api``, the ``otel`` extra): every acquisition and every hold
+of a lock becomes a span of the tracer provider you configured (the global
+one), a child of the span that was current when the lock was taken or
+released (the request, the Celery task):
+
+- ``distlock.acquire``: from the start of the wait to its end. Attribute
+  ``distlock.outcome`` is ``acquired``, ``busy`` (not acquired within the
+  wait) or ``error`` (the backend could not be reached: the span's status is
+  ERROR and the exception is recorded).
+- ``distlock.hold``: from the acquisition to the release, made when the lock
+  is released; or, when the lease is lost while held, up to the moment the
+  loss was noticed, with status ERROR.
+
+Both carry ``distlock.backend`` (the ``LOCKS`` alias) and ``distlock.name``
+(the lock name), and the acquisition's ``distlock.fencing_token`` and
+``distlock.ttl``. Lock names may hold ids or personal data:
+``DISTLOCK_OTEL_LOCK_NAME = False`` leaves the name out.
+
+The spans are made after the fact, from the lock signals, with their real
+start times: nothing is added to the locking path itself, and without the
+app nothing listens to the signals.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ...signals import (
+    lock_acquired,
+    lock_contended,
+    lock_error,
+    lock_lost,
+    lock_released,
+)
+
+__all__ = ["LockTracing", "install"]
+
+TRACER_NAME = "django_distlock"
+
+
+def _ns_ago(seconds: float) -> int:
+    return time.time_ns() - int(seconds * 1e9)
+
+
+class LockTracing:
+    """Turn the lock signals into spans of ``tracer_provider``.
+
+    ``tracer_provider`` defaults to OpenTelemetry's global one (looked up at
+    each span, so one set later is used). ``record_name=False`` leaves the
+    lock name out of the attributes. :meth:`connect` starts, and
+    :meth:`disconnect` stops.
+    """
+
+    def __init__(self, tracer_provider: Any = None, *, record_name: bool = True):
+        from opentelemetry import trace
+
+        self.tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
+        self.record_name = record_name
+        self._uid = f"django_distlock.contrib.otel:{id(self)}"
+
+    def connect(self) -> None:
+        """Start making spans from the lock signals."""
+        uid = self._uid
+        lock_acquired.connect(self._acquired, weak=False, dispatch_uid=uid)
+        lock_contended.connect(self._contended, weak=False, dispatch_uid=uid)
+        lock_error.connect(self._error, weak=False, dispatch_uid=uid)
+        lock_released.connect(self._released, weak=False, dispatch_uid=uid)
+        lock_lost.connect(self._lost, weak=False, dispatch_uid=uid)
+
+    def disconnect(self) -> None:
+        """Stop making spans."""
+        uid = self._uid
+        for signal in (lock_acquired, lock_contended, lock_error, lock_released):
+            signal.disconnect(dispatch_uid=uid)
+        lock_lost.disconnect(dispatch_uid=uid)
+
+    def _attributes(self, alias: str, name: str, lease=None, **more) -> dict:
+        attributes = {"distlock.backend": alias, **more}
+        if self.record_name:
+            attributes["distlock.name"] = name
+        if lease is not None:
+            attributes["distlock.fencing_token"] = lease.fencing_token
+            attributes["distlock.ttl"] = lease.ttl
+        return attributes
+
+    def _span(self, name: str, start: int, attributes: dict, error=None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self.tracer.start_span(name, attributes=attributes, start_time=start)
+        if error is not None:
+            if isinstance(error, BaseException):
+                span.record_exception(error)
+                error = str(error)
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
+    def _acquired(self, sender, alias, name, lease, wait, **kwargs) -> None:
+        attributes = self._attributes(
+            alias, name, lease, **{"distlock.outcome": "acquired"}
+        )
+        self._span("distlock.acquire", _ns_ago(wait), attributes)
+
+    def _contended(self, sender, alias, name, wait, **kwargs) -> None:
+        attributes = self._attributes(alias, name, **{"distlock.outcome": "busy"})
+        self._span("distlock.acquire", _ns_ago(wait), attributes)
+
+    def _error(self, sender, alias, name, wait, error, **kwargs) -> None:
+        attributes = self._attributes(alias, name, **{"distlock.outcome": "error"})
+        self._span("distlock.acquire", _ns_ago(wait), attributes, error)
+
+    def _released(self, sender, alias, name, lease, held, **kwargs) -> None:
+        attributes = self._attributes(alias, name, lease)
+        self._span("distlock.hold", _ns_ago(held), attributes)
+
+    def _lost(self, sender, alias, name, lease, held, reason, **kwargs) -> None:
+        attributes = self._attributes(alias, name, lease)
+        self._span("distlock.hold", _ns_ago(held), attributes, f"lease lost: {reason}")
+
+
+_installed: LockTracing | None = None
+_install_lock = threading.Lock()
+
+
+def install(tracer_provider: Any = None, *, record_name: bool = True) -> LockTracing:
+    """Create and connect the tracing once per process; return it.
+
+    Called by the app's ``ready()``; a second call returns the same one.
+    """
+    global _installed
+    with _install_lock:
+        if _installed is None:
+            _installed = LockTracing(tracer_provider, record_name=record_name)
+            _installed.connect()
+        return _installed
