@@ -499,6 +499,7 @@ class BaseLockBackend:
         is cancelled, a lease the thread obtains afterwards is released at
         once (:class:`~.handoff.Handoff`): nobody would hold it.
         """
+
         def undo(lease: Lease | None) -> None:
             if lease is not None:
                 self.release(lease)
