@@ -187,14 +187,13 @@ class Command(BaseCommand):
         lines = []
         append = lines.append
         for h in rows:
-            # Holder's slots rather than its properties: 100,000 rows.
-            backend = aliases.get(h._backend)
+            backend = aliases.get(h.backend)
             if backend is None:
-                backend = aliases[h._backend] = printable(h._backend)
-            name = h._name
+                backend = aliases[h.backend] = printable(h.backend)
+            name = h.name
             if len(name) > width or not name.isprintable():
                 name = printable(name, width)
-            identity = (h._host, h._pid, h._thread)
+            identity = (h.host, h.pid, h.thread)
             holder = holders.get(identity)
             if holder is None:
                 holder = h.holder
@@ -204,7 +203,7 @@ class Command(BaseCommand):
             acquired, expires = h.isoformat(timespec="seconds")
             if expires is not None:
                 expires = f"{expires} (in {h.expires_ts - now:.1f}s)"
-            fence = h._fencing_token
+            fence = h.fencing_token
             append(
                 (
                     backend,
