@@ -254,7 +254,7 @@ def _check_entry(alias, params):
         missing = [
             (module, extra)
             for module, extra in backend_cls.drivers
-            if importlib.util.find_spec(module) is None
+            if not _importable(module)
         ]
         errors.extend(_missing_driver(where, backend, m, e) for m, e in missing)
         if not missing and hasattr(backend_cls, "check"):
@@ -270,6 +270,13 @@ DRIVER_EXTRAS = {
     "kazoo": "zookeeper",
     "django_redis": "django-redis",
 }
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package fails, or a stub
+        return False
 
 
 def _missing_driver(where, backend, module, extra=None):

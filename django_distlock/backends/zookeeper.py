@@ -133,13 +133,6 @@ class ZooKeeperLockBackend(BaseLockBackend):
                 Error(msg, hint=hint, obj="settings.LOCKS", id="distlock.E016")
             )
 
-        try:
-            import kazoo  # noqa: F401
-        except ImportError:
-            error(
-                f"{where} uses ZooKeeper, but kazoo is not installed.",
-                "pip install 'django-distlock[zookeeper]'",
-            )
         location = params.get("LOCATION")
         hosts = location if isinstance(location, (list, tuple)) else None
         if isinstance(location, str):
