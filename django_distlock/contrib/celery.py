@@ -36,16 +36,14 @@ import inspect
 import logging
 import math
 import re
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, TypeVar
 
 from django.dispatch import Signal
 
-from ..backends.base import Holder
-from ..exceptions import LockError, LockNotAcquired
-from ..handler import DEFAULT_LOCK_ALIAS, locks
+from ..exceptions import LockNotAcquired
+from ..handler import DEFAULT_LOCK_ALIAS
 from ..locking import lock
 
 __all__ = ["ON_BUSY", "is_skipped", "locked_task", "task_skipped"]
@@ -124,8 +122,8 @@ def locked_task(
             stack = ExitStack()
             try:
                 stack.enter_context(handle)
-            except LockNotAcquired:
-                return _busy(wrapper, handle, on_busy, args, kwargs)
+            except LockNotAcquired as busy:
+                return _busy(wrapper, handle, on_busy, busy, args, kwargs)
             with stack:
                 return func(*args, **kwargs)
 
@@ -152,13 +150,6 @@ def _lock_name(name, signature: inspect.Signature, args, kwargs) -> str:
     return PLACEHOLDER.sub(value, name)
 
 
-def _holder(using: str, name: str) -> Holder | None:
-    try:
-        return locks[using].holder_of(name)
-    except (LockError, NotImplementedError, OSError):
-        return None
-
-
 def _current_task():
     """Return the Celery task being run, or None outside a Celery task."""
     try:
@@ -169,26 +160,23 @@ def _current_task():
     return current_task if current_task else None
 
 
-def _busy(func, handle, on_busy: str, args, kwargs) -> Any:
+def _busy(func, handle, on_busy: str, busy: LockNotAcquired, args, kwargs) -> Any:
+    # The lock named the holder it found (one lookup) on the exception.
     name = handle.name
-    holder = _holder(handle.using, name)
-    remaining = None
-    if holder is not None and holder.expires_ts is not None:
-        remaining = max(holder.expires_ts - time.time(), 0.0)
+    holder, remaining = busy.holder, busy.expires_in
     who = "another holder" if holder is None else holder.holder
     message = f"Lock {name!r} is busy: held by {who}"
     if remaining is not None:
         message += f", lease expires in {remaining:.1f} s"
     message += "."
     task = _current_task()
-    if on_busy == "raise":
-        raise LockNotAcquired(message, name=name)
+    refused = LockNotAcquired(message, name=name, holder=holder, expires_in=remaining)
+    if on_busy == "raise" or (on_busy == "retry" and task is None):
+        raise refused from None
     if on_busy == "retry":
-        if task is None:
-            raise LockNotAcquired(message, name=name)
         countdown = remaining if remaining is not None else handle.ttl
         logger.info("Task %s retries in %.1f s: %s", task.name, countdown, message)
-        raise task.retry(countdown=countdown, exc=LockNotAcquired(message, name=name))
+        raise task.retry(countdown=countdown, exc=refused)
     task_name = task.name if task is not None else None
     task_id = task.request.id if task is not None else None
     logger.info(
