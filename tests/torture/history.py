@@ -25,6 +25,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .linearizable import check_mutex
+
 __all__ = ["EventLog", "Verdict", "check", "read_events"]
 
 
@@ -69,6 +71,7 @@ class Verdict:
     misreported_writes: int = 0
     token_regressions: int = 0
     contract_errors: int = 0
+    nonlinearizable: int = 0
     fenced_off: int = 0
     reported_losses: int = 0
     recovered_workers: int = 0
@@ -88,6 +91,7 @@ class Verdict:
             + self.misreported_writes
             + self.token_regressions
             + self.contract_errors
+            + self.nonlinearizable
         )
 
     def as_dict(self) -> dict:
@@ -104,7 +108,8 @@ class Verdict:
             f"(overlaps {self.overlaps}, lost updates {self.lost_updates}, stale "
             f"writes accepted {self.stale_accepted}, misreported "
             f"{self.misreported_writes}, token regressions "
-            f"{self.token_regressions}, contract errors {self.contract_errors}); "
+            f"{self.token_regressions}, contract errors {self.contract_errors}, "
+            f"names no mutex explains {self.nonlinearizable}); "
             f"fenced off {self.fenced_off}, losses "
             f"reported {self.reported_losses}; availability "
             f"{self.availability:.1%} of {self.attempts} attempts, longest wait "
@@ -150,7 +155,12 @@ def check(
     - token regressions: successive confirmed sections of one name whose
       fencing tokens do not strictly increase;
     - contract errors: an acquisition that raised something other than a
-      LockError (the contract says LockBackendError when the backend fails).
+      LockError (the contract says LockBackendError when the backend fails);
+    - names no mutex explains: the second oracle
+      (:mod:`tests.torture.linearizable`), a linearizability check of each
+      name's acquires and releases, with their invocation and completion
+      times, against a mutex (not for reentrant backends, whose nested
+      holds a mutex does not model).
     """
     verdict = Verdict(scenario=scenario, backend=backend)
     sections = [e for e in events if e["k"] == "cs"]
@@ -220,6 +230,11 @@ def check(
         verdict.fenced_off += sum(
             1 for s in sections if s["write"].get(kind) in ("stale", "lost")
         )
+
+    if not reentrant:
+        mutex = check_mutex(events)
+        verdict.nonlinearizable = mutex.violations
+        verdict.notes.extend(mutex.notes[:3])
 
     workers = {e["w"] for e in events if e["k"] in ("attempt", "ready")}
     verdict.workers = len(workers)
