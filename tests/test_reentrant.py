@@ -28,10 +28,13 @@ from django_distlock import (
     lock_for,
     locks,
 )
-from django_distlock.backends import redis_reentrant
 from django_distlock.backends.base import Lease
-from django_distlock.backends.redis import ReentrantRedisLockBackend
-from django_distlock.backends.redis_reentrant import ReentrantLease, current_owner
+from django_distlock.backends.redis import (
+    ReentrantLease,
+    ReentrantRedisLockBackend,
+    current_owner,
+)
+from django_distlock.backends.redis import reentrant as redis_reentrant
 from django_distlock.locking import lock_name_for
 
 from . import workers
@@ -691,15 +694,15 @@ def test_waiter_that_gives_up_keeps_a_plain_handoff_and_can_nest(reentrant, name
     plain.acquire()
     steps = reentrant._acquire_steps(name, 5, 0.05)
     command = steps.send(None)
-    assert command[1].name == "redis_reentrant_acquire.lua"
+    assert command[1].name == "reentrant_acquire"
     reply = reentrant._execute(command)
     assert reply[0] == 0  # busy: queued
     plain.release()  # handed to the queued waiter (plain message, no owner)
     time.sleep(0.1)  # past the waiter's deadline
     command = steps.send(reply)
-    assert command[1].name == "redis_cancel.lua"
+    assert command[1].name == "cancel"
     command = steps.send(reentrant._execute(command))
-    assert command[1].name == "redis_reentrant_adopt.lua"
+    assert command[1].name == "reentrant_adopt"
     try:
         steps.send(reentrant._execute(command))
     except StopIteration as stop:
