@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
@@ -233,11 +234,15 @@ class TestScripts:
         assert RELEASE.source == path.read_text()
 
 
-def _through_cache(redis_url: str) -> tuple[dict, dict]:
+def _through_cache(redis_url: str, **cache_options) -> tuple[dict, dict]:
     """CACHES with a django-redis cache "locks", and LOCKS that use it."""
     caches_setting = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "locks": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url},
+        "locks": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": redis_url,
+            "OPTIONS": cache_options,
+        },
     }
     locks_setting = {
         "default": {
@@ -261,7 +266,6 @@ class TestCacheOption:
             with lock("x") as held:
                 assert held.locked()
                 assert lock("x", timeout=0).acquire() is False
-            assert pool._created_connections >= 1
             assert lock("x", timeout=0).acquire()
 
             async def scenario():
@@ -269,6 +273,49 @@ class TestCacheOption:
                     assert await held.alocked()
 
             asyncio.run(scenario())
+
+    @pytest.mark.parametrize("socket_timeout", [1.0, 0.3])
+    def test_a_wait_outlasts_the_pools_socket_timeout(self, redis_url, socket_timeout):
+        """A blocking wait is never cut by the cache pool's socket timeout:
+        it waits in slices shorter than it (sync and async)."""
+        caches_setting, locks_setting = _through_cache(
+            redis_url, SOCKET_TIMEOUT=socket_timeout
+        )
+        with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
+            for name in ("sync", "async"):
+                holder = lock(f"slow:{name}", timeout=0)
+                assert holder.acquire()
+                timer = threading.Timer(2.5, holder.release)
+                timer.start()
+                started = time.monotonic()
+                try:
+                    if name == "sync":
+                        got = lock(f"slow:{name}", timeout=5).acquire()
+                    else:
+                        waiter = lock(f"slow:{name}", timeout=5)
+                        got = asyncio.run(waiter.aacquire())
+                finally:
+                    timer.join()
+                took = time.monotonic() - started
+                assert got is True, name
+                assert 2.3 < took < 3.5, (name, took)
+
+    def test_connection_options_beside_cache_are_a_check_error(self, redis_url):
+        from django_distlock.checks import check_locks_setting
+
+        caches_setting, locks_setting = _through_cache(redis_url)
+        options = locks_setting["default"]["OPTIONS"]
+        options["SOCKET_TIMEOUT"] = 5
+        options["CONNECTION_POOL_KWARGS"] = {}
+        with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
+            errors = [e for e in check_locks_setting() if e.id == "distlock.E017"]
+        assert len(errors) == 1
+        assert "SOCKET_TIMEOUT" in errors[0].msg
+        assert "CONNECTION_POOL_KWARGS" in errors[0].msg
+        assert "CACHES['locks']" in errors[0].hint
+        del options["SOCKET_TIMEOUT"], options["CONNECTION_POOL_KWARGS"]
+        with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
+            assert check_locks_setting() == []
 
 
 class TestLayout:
@@ -392,6 +439,38 @@ class TestWaiters:
 
 def holder_key(backend, name) -> bytes:
     return backend.keys_for(name).lease.encode()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_holder_of_one_name_in_one_round_trip(redis_url, redis_server, reentrant):
+    params = _settings(redis_url)
+    if reentrant:
+        params["default"]["BACKEND"] = (
+            "django_distlock.backends.redis.ReentrantRedisLockBackend"
+        )
+    with override_settings(LOCKS=params):
+        backend = locks["default"]
+        name = "looked up \n*?[ ünïcode"
+        with lock(name) as held:
+            stats = redis_server.client().info("commandstats")
+            holder = backend.holder_of(name)
+            after = redis_server.client().info("commandstats")
+            assert "cmdstat_scan" not in after or after.get(
+                "cmdstat_scan"
+            ) == stats.get("cmdstat_scan")
+            assert holder.name == name
+            assert holder.token == held.lease.token
+            assert holder.fencing_token == held.fencing_token
+            assert holder.pid == os.getpid()
+            assert holder.thread == threading.current_thread().name
+            assert holder.expires_at is not None
+            again = asyncio.run(backend.aholder_of(name))
+            assert (again.token, again.fencing_token) == (
+                holder.token,
+                holder.fencing_token,
+            )
+            assert backend.holder_of(name[:-1]) is None  # another name
+        assert backend.holder_of(name) is None
 
 
 def test_holders_ignore_a_longer_key_prefix_that_starts_with_ours(redis_url):

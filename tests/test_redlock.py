@@ -261,6 +261,38 @@ def test_holders_need_a_quorum_and_force_release(nodes):
     assert backend.renew([lease]) == [False]
 
 
+def test_holder_of_one_name_in_one_fanout(nodes, monkeypatch):
+    backend = backend_for(nodes)
+    name = "looked up \n*?[ ünïcode"
+    lease = backend.acquire(name, 5, 0)
+    steps = []
+    real = backend._fanout
+    monkeypatch.setattr(
+        backend, "_fanout", lambda step: steps.append(step) or real(step)
+    )
+    monkeypatch.setattr(backend, "_scan", lambda: pytest.fail("listing scanned"))
+    holder = backend.holder_of(name)
+    assert len(steps) == 1  # one round trip to the nodes
+    assert holder.name == name and holder.token == lease.token
+    assert holder.fencing_token == lease.fencing_token
+    assert holder.pid == os.getpid() and holder.expires_at is not None
+    again = asyncio.run(backend.aholder_of(name))
+    assert (again.name, again.token, again.fencing_token) == (
+        holder.name,
+        holder.token,
+        holder.fencing_token,
+    )
+    assert backend.holder_of(name[:-1]) is None  # a prefix is another name
+    # A lease on a minority of nodes is no holder.
+    key = backend.keys_for("minority")[0]
+    for server in nodes[:2]:
+        server.client().set(key, b"x\n1\n" + pack_meta("minority", "h", 1, "t", 0))
+        server.client().pexpire(key, 10_000)
+    assert backend.holder_of("minority") is None
+    assert backend.release(lease) is True
+    assert backend.holder_of(name) is None
+
+
 def test_meta_round_trips_any_name():
     for name in ["", "x", "a\nb", "\x00\ud800", "ü" * 1000]:
         assert unpack_meta(pack_meta(name, "host", 12, "T/t\n", 1.5)) == (
