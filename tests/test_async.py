@@ -260,13 +260,13 @@ def test_cancelled_mid_reply_never_returns_its_connection(redis_url):
 
     async def scenario():
         client = backend.aclient()
-        # The reply (nil) comes 0.3 s after the send; cancel before it.
-        task = asyncio.create_task(client.blpop(["nothing"], 0.3))
+        # The reply (nil) comes 1 s after the send; cancel before it.
+        task = asyncio.create_task(client.blpop(["nothing"], 1))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.4)  # the stale reply would have arrived by now
+        await asyncio.sleep(1.1)  # the stale reply would have arrived by now
         replies = []
         for i in range(5):
             replies.append(await client.set(f"k{i}", str(i)))

@@ -71,6 +71,28 @@ def name(request):
     return f"reentrant:{request.node.name} {uuid.uuid4().hex[:8]}"
 
 
+def test_cancelled_tasks_storm_leaves_no_lock_held(reentrant, name):
+    """Tasks cancelled anywhere in acquire, nesting or release leave no
+    level behind: every lock is free after the storm."""
+
+    async def cycle(i):
+        async with lock(f"{name}:{i % 3}", timeout=5):
+            async with lock(f"{name}:{i % 3}", timeout=5):
+                await asyncio.sleep(0)
+
+    async def scenario():
+        for round_ in range(20):
+            tasks = [asyncio.create_task(cycle(i)) for i in range(6)]
+            await asyncio.sleep(0.0005 * (round_ % 4))
+            for task in tasks[::2]:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert not [r for r in results if isinstance(r, LockNotAcquired)]
+
+    asyncio.run(scenario())
+    assert [h.name for h in reentrant.holders(prefix=name)] == []
+
+
 # -- helpers and process workers (module level: spawned processes import them)
 
 

@@ -224,7 +224,17 @@ class RedisLockBackend(RedisListing, StepsBackend):
 
     def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
         keys = self.keys_for(lease.name)
-        code = yield ("eval", RELEASE, keys.triple, [lease.token, keys.wake_prefix])
+        release = ("eval", RELEASE, keys.triple, [lease.token, keys.wake_prefix])
+        try:
+            code = yield release
+        except GeneratorExit:
+            raise  # closed by the executor: no clean-up wanted (backend down)
+        except BaseException:
+            # Interrupted (a cancelled task...) maybe before the release
+            # reached the server (redis-py may wait for its pool first): send
+            # it again. A compare-and-delete is harmless twice.
+            yield release
+            raise
         return code != 0
 
     def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:

@@ -19,6 +19,7 @@ therefore costs one round trip per owner and period, whatever the depth.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import os
@@ -41,6 +42,14 @@ __all__ = ["ReentrantLease", "ReentrantRedisLockBackend", "current_owner"]
 
 #: Holds remembered per backend before dropped ones are swept out.
 MAX_HOLDS = 1024
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    # A shielded release whose caller was cancelled: its outcome (an error
+    # too) is nobody's to read; read it so asyncio does not report it.
+    if not task.cancelled():
+        task.exception()
+
 
 # -- owner identity ----------------------------------------------------------
 
@@ -322,21 +331,43 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         lease.check_owner_process()
         return lease
 
-    def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
-        lease = self._check_caller(lease)
+    def _release_steps(
+        self, lease: Lease, checked: bool = False
+    ) -> Generator[Command, Any, bool]:
+        if not checked:
+            lease = self._check_caller(lease)
         if lease.released:
             return False
         lease.released = True
         keys = self.keys_for(lease.name)
+        # The owner's last level held in this process releases the lease
+        # whole (owner ''): a level counted on the server beyond it is one
+        # whose acquisition was interrupted after it got there, and no
+        # handle could ever release it.
+        owner = lease.owner if lease.hold.leases() else ""
         code = yield (
             "eval",
             R_RELEASE,
             keys.triple,
-            [lease.token, keys.wake_prefix, lease.owner],
+            [lease.token, keys.wake_prefix, owner],
         )
         if code != 3:
             self._forget(lease.hold)
         return code != 0
+
+    async def arelease(self, lease: Lease) -> bool:
+        """Async twin of :meth:`release`, run to its end even if cancelled.
+
+        A release interrupted before it reached the server (redis-py may
+        wait for its pool first) would leave the lease held for its ttl, and
+        one that did reach it must not be sent twice (it counts a level
+        down): so the release runs in a task of its own, shielded from the
+        caller's cancellation.
+        """
+        lease = self._check_caller(lease)  # the owner is the calling task
+        task = asyncio.ensure_future(self._arun(self._release_steps(lease, True)))
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
 
     def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:
         lease = self._check_caller(lease)
