@@ -20,7 +20,12 @@ from typing import Any
 from ..base import current_pid
 from ..scripts import LuaScript
 
-__all__ = ["CLUSTER_SCHEMES", "MAX_WAIT_SLICE", "RedisClients"]
+try:
+    from asyncio import timeout as async_timeout
+except ImportError:  # Python 3.10: redis-py depends on async-timeout there
+    from async_timeout import timeout as async_timeout
+
+__all__ = ["CLUSTER_SCHEMES", "MAX_WAIT_SLICE", "RedisClients", "async_timeout"]
 
 #: LOCATION schemes of a Redis Cluster (the rest of the URL as for redis://).
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -95,19 +100,42 @@ class RedisClients:
         return kwargs
 
     @cached_property
+    def timeouts(self) -> tuple[float | None, float | None]:
+        """Return the (socket, connect) timeouts the connections really have.
+
+        With ``OPTIONS["CACHE"]`` those are the django-redis pool's, not
+        this alias's.
+        """
+        if not self.cache:
+            return self.socket_timeout, self.connect_timeout
+        kwargs = self.client.connection_pool.connection_kwargs
+        timeout = kwargs.get("socket_timeout")
+        return timeout, kwargs.get("socket_connect_timeout") or timeout
+
+    @cached_property
     def wait_slice(self) -> float:
-        """Return the longest blocking wait that the client's socket timeout allows.
+        """Return the longest blocking wait that the socket timeout allows.
 
         With ``OPTIONS["CACHE"]`` that is the django-redis pool's timeout,
         not this alias's: a wait must never be cut by the pool's timeout.
         """
-        timeout: float | None = self.socket_timeout
-        if self.cache:
-            kwargs = self.client.connection_pool.connection_kwargs
-            timeout = kwargs.get("socket_timeout")
+        timeout = self.timeouts[0]
         if timeout is None:
             return MAX_WAIT_SLICE
         return min(MAX_WAIT_SLICE, max(0.01, timeout * WAIT_SHARE))
+
+    @cached_property
+    def adeadline(self) -> float | None:
+        """Return the seconds one asyncio command may take, connecting included.
+
+        The asyncio connections have no socket timeout of their own (redis-py
+        would start a task for every write under one): each command runs
+        under this one deadline instead.
+        """
+        timeout, connect = self.timeouts
+        if timeout is None:
+            return None
+        return timeout + (connect or 0.0)
 
     # -- the sync client --------------------------------------------------
 
@@ -216,8 +244,10 @@ class RedisClients:
                 and k not in ("connection_class", "parser_class", "retry")
             }
             kwargs.update(_pool_checks_connections(), retry=Retry(NoBackoff(), 0))
+            kwargs["socket_timeout"] = None  # see adeadline
             return aredis.Redis(**kwargs)
         kwargs = {**self._kwargs(for_asyncio=True), **_pool_checks_connections()}
+        kwargs["socket_timeout"] = None  # see adeadline
         if self.sentinels:
             from redis.asyncio.sentinel import Sentinel
 
@@ -227,7 +257,8 @@ class RedisClients:
     def close(self) -> None:
         """Drop the clients; close the sync one unless it is a cache's."""
         client = self.__dict__.pop("client", None)
-        self.__dict__.pop("wait_slice", None)
+        for name in ("wait_slice", "timeouts", "adeadline"):
+            self.__dict__.pop(name, None)
         self._scripts = {}
         if client is not None and not self.cache:
             client.close()

@@ -7,12 +7,14 @@ with the same two reads in one round trip.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from ...keys import glob_escape
 from ..base import Holder
+from .client import async_timeout
 from .keys import LEASE_FIELDS, RELEASE
 
 __all__ = ["RedisListing"]
@@ -101,9 +103,13 @@ class RedisListing:
             pipe = self.aclient().pipeline(transaction=False)
             pipe.hmget(lease, LEASE_FIELDS)
             pipe.pttl(lease)
-            fields, pttl = await pipe.execute()
+            async with async_timeout(self.redis.adeadline):
+                fields, pttl = await pipe.execute()
         except redis.exceptions.RedisError as e:
             raise self._error(e, "look up the holder") from e
+        except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
+            error = redis.exceptions.TimeoutError("Timeout")
+            raise self._error(error, "look up the holder") from e
         return _holder(self.alias, fields, pttl, time.time_ns() // 1_000_000)
 
     def _force_release_command(self, name: str, token: str) -> tuple:

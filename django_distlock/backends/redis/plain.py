@@ -15,6 +15,7 @@ sync client or its ``redis.asyncio`` twin (:mod:`.client`).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Generator, Iterable
@@ -26,7 +27,7 @@ from ...keys import encode_name
 from ..base import Lease, holder_identity, new_token
 from ..steps import StepsBackend
 from . import checks
-from .client import RedisClients
+from .client import RedisClients, async_timeout
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
 from .listing import RedisListing
 
@@ -120,16 +121,24 @@ class RedisLockBackend(RedisListing, StepsBackend):
         import redis
 
         kind = command[0]
+        deadline = self.redis.adeadline
         try:
             if kind == "eval":
                 script = self.redis.ascript(command[1])
-                return await script(keys=command[2], args=command[3])
+                async with async_timeout(deadline):
+                    return await script(keys=command[2], args=command[3])
             if kind == "blpop":
-                return await self.redis.aclient().blpop([command[1]], command[2])
+                if deadline is not None:
+                    deadline += command[2]
+                async with async_timeout(deadline):
+                    return await self.redis.aclient().blpop([command[1]], command[2])
             if kind == "hget":
-                return await self.redis.aclient().hget(command[1], command[2])
+                async with async_timeout(deadline):
+                    return await self.redis.aclient().hget(command[1], command[2])
         except redis.exceptions.RedisError as e:
             raise self._error(e, kind) from e
+        except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
+            raise self._error(redis.exceptions.TimeoutError("Timeout"), kind) from e
         raise AssertionError(f"unknown command {kind!r}")
 
     # -- the algorithm, as command generators -----------------------------
@@ -317,8 +326,9 @@ class RedisLockBackend(RedisListing, StepsBackend):
             pipe = self.aclient().pipeline(transaction=False)
             for _, script, keys, args in commands:
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            replies = await pipe.execute(raise_on_error=False)
-        except redis.exceptions.RedisError as e:
+            async with async_timeout(self.redis.adeadline):
+                replies = await pipe.execute(raise_on_error=False)
+        except (redis.exceptions.RedisError, asyncio.TimeoutError) as e:
             return [e] * len(commands)
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             replies = []

@@ -23,6 +23,7 @@ import weakref
 from typing import Any
 
 from ..base import current_pid
+from ..redis.client import async_timeout
 from .steps import (
     SCRIPTS,
     UNREAD,
@@ -33,11 +34,6 @@ from .steps import (
     lost_scripts,
     read_now,
 )
-
-try:
-    from asyncio import timeout as async_timeout
-except ImportError:  # Python 3.10: redis-py depends on async-timeout there
-    from async_timeout import timeout as async_timeout
 
 __all__ = ["FanoutExecutor", "Link"]
 
