@@ -68,11 +68,8 @@ class RedlockAlgorithm:
         self, name: str, ttl: float, timeout: float | None
     ) -> Generator[Any, Any, Lease | None]:
         keys = self.keys_for(name)
-        lease_key, counter_key, waiters_key, wake_key = keys
         token = new_token()
         meta = pack_meta(name, *holder_identity(), time.time())
-        ttl_ms = ms(ttl)
-        drift = ttl * self.drift_factor + 0.002
         start = time.monotonic()
         deadline = math.inf if timeout is None else start + timeout
         blocking = timeout is None or timeout > 0
@@ -84,107 +81,18 @@ class RedlockAlgorithm:
             while True:
                 sent = time.monotonic()
                 live_ms = 0
-                if first:
-                    # The first attempt is two plain commands per node, no script:
-                    # most acquisitions find the lock free, and a script costs a
-                    # node several times what SET and INCR do. The lease carries
-                    # no fencing token (the counter holds it; a commit below
-                    # writes it in when the nodes disagree).
-                    results = yield Fanout(
-                        [
-                            ("SET", lease_key, token.encode() + b"\n\n" + meta)
-                            + ("NX", "PX", ttl_ms),
-                            ("INCR", counter_key),
-                        ],
-                        skip_quarantined=True,
-                        decided=self._set_by_quorum,
-                    )
-                else:
-                    if blocking:
-                        live_ms = (
-                            ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
-                        )
-                    results = yield Fanout(
-                        [
-                            (
-                                "EVALSHA",
-                                ACQUIRE.sha,
-                                3,
-                                lease_key,
-                                counter_key,
-                                waiters_key,
-                                token,
-                                ttl_ms,
-                                meta,
-                                live_ms,
-                                int(time.time()) << FENCE_SHIFT,
-                                self.fence_retention_ms,
-                            )
-                        ],
-                        skip_quarantined=True,
-                        decided=self._granted_by_quorum,
-                    )
-                granted: list[tuple[int, int]] = []
-                busy: list[tuple[int, int]] = []
-                failed = 0
-                for i, r in enumerate(results):
-                    if isinstance(r, Failed):
-                        failed += 1
-                    elif first:
-                        (granted if r[0] is not None else busy).append((i, r[1]))
-                    elif r[0][0] == 1:
-                        granted.append((i, int(r[0][1])))
-                    else:
-                        busy.append((i, int(r[0][1])))
+                if blocking and not first:
+                    live_ms = ms(min(MAX_WAIT_SLICE, deadline - sent)) + WAITER_GRACE_MS
+                results = yield self._attempt(first, keys, token, meta, ttl, live_ms)
+                granted, busy, failed = self._tally(results, first)
                 fast, first = first, False
                 registered = registered or (bool(busy) and live_ms > 0)
                 if len(granted) >= quorum:
-                    fences = [f for _i, f in granted]
-                    fence = max(fences)
-                    if fence < FENCE_FLOOR_MIN:
-                        # New counters (first use, a node that lost its data, a
-                        # lock unused for FENCE_RETENTION): the clock floor.
-                        fence = max(fence, int(time.time()) << FENCE_SHIFT)
-                    # Stored on a quorum already, and no granting counter is new
-                    # (a new one has no expiry yet: the commit gives it one).
-                    ok = (
-                        fences.count(fence) >= quorum and min(fences) >= FENCE_FLOOR_MIN
+                    lease = yield from self._grant_steps(
+                        name, keys, token, [f for _i, f in granted], ttl, sent
                     )
-                    if not ok:
-                        # The granting nodes disagree: make the token visible on
-                        # a majority that holds the lease before anyone sees it.
-                        commits = yield Fanout(
-                            [
-                                (
-                                    "EVALSHA",
-                                    COMMIT.sha,
-                                    2,
-                                    lease_key,
-                                    counter_key,
-                                    token,
-                                    fence,
-                                    self.fence_retention_ms,
-                                )
-                            ]
-                        )
-                        ok = (
-                            sum(
-                                1
-                                for r in commits
-                                if not isinstance(r, Failed) and r[0] == 1
-                            )
-                            >= quorum
-                        )
-                    validity = ttl - (time.monotonic() - sent) - drift
-                    if ok and validity > 0:
-                        return Lease(
-                            alias=self.alias,
-                            name=name,
-                            token=token,
-                            fencing_token=fence,
-                            ttl=ttl,
-                            deadline=sent + ttl - drift,
-                        )
+                    if lease is not None:
+                        return lease
                 if granted or failed:
                     # Undo everywhere it may have been set: granted nodes, and
                     # failed ones (a late reply may hide a grant).
@@ -199,7 +107,7 @@ class RedlockAlgorithm:
                         or now - no_quorum_since >= NO_QUORUM_GRACE
                     ):
                         if registered:
-                            yield Fanout([("ZREM", waiters_key, token)])
+                            yield Fanout([("ZREM", keys[2], token)])
                         raise self._no_quorum(name, results)
                     yield Sleep(min(deadline - now, 0.05 + random.uniform(0, 0.05)))
                     continue
@@ -212,46 +120,9 @@ class RedlockAlgorithm:
                     # Held: ask again at once with the script, which registers
                     # this caller as a waiter and tells how long the lease lasts.
                     continue
-                if not busy:
-                    # Granted by a quorum but too slowly (validity) or the
-                    # commit failed: try again after a random moment.
-                    yield Sleep(
-                        min(deadline - now, random.uniform(0, self.retry_jitter))
-                    )
-                    continue
-                # The lock is held elsewhere: sleep on the wake list of the first
-                # busy node (a release there signals it), at most until enough
-                # nodes' leases would have run out.
-                free = len(granted)
-                pttls = sorted(p for _i, p in busy)
-                need = quorum - free
-                expiry = pttls[need - 1] / 1000 if 0 < need <= len(pttls) else 0.0
-                wait = min(
-                    deadline - now,
-                    MAX_WAIT_SLICE,
-                    max(expiry, 0.0) + 0.002 + random.uniform(0, self.retry_jitter),
-                )
-                busy_nodes = {i for i, _p in busy}
-                wake_node = next(
-                    i for i in self._wake_order(lease_key) if i in busy_nodes
-                )
-                if wait >= 0.001:
-                    popped = yield Block(wake_node, wake_key, wait)
-                    if popped is False:  # the node could not block: do not spin
-                        yield Sleep(min(wait, 0.005 + random.uniform(0, 0.01)))
-                if granted:
-                    # A split vote (or a holder with a bare quorum): the undo of
-                    # the other side wakes us; back off a random moment so that
-                    # contenders stop colliding.
-                    now = time.monotonic()
-                    yield Sleep(
-                        max(
-                            0.0,
-                            min(deadline - now, random.uniform(0, self.retry_jitter)),
-                        )
-                    )
+                yield from self._wait_steps(keys, granted, busy, deadline)
             if registered:
-                yield Fanout([("ZREM", waiters_key, token)])
+                yield Fanout([("ZREM", keys[2], token)])
             return None
         except GeneratorExit:
             raise  # closed by the executor: no clean-up wanted (backend down)
@@ -262,10 +133,141 @@ class RedlockAlgorithm:
             # a node may hold a lease of ours that we never heard of, and a
             # waiter record of ours would be handed the lock by the next
             # release. Undo both (best effort; the executor re-raises).
-            yield Fanout(
-                [("ZREM", waiters_key, token), self._release_command(keys, token)]
-            )
+            yield Fanout([("ZREM", keys[2], token), self._release_command(keys, token)])
             raise
+
+    def _attempt(
+        self, first: bool, keys: tuple, token: str, meta: bytes, ttl: float, live_ms
+    ) -> Fanout:
+        """Return the step of one attempt to take the lease on every node.
+
+        The first attempt is two plain commands per node, no script: most
+        acquisitions find the lock free, and a script costs a node several
+        times what SET and INCR do. The lease then carries no fencing token
+        (the counter holds it; a commit writes it in when the nodes
+        disagree). Later attempts run the acquire script, which also
+        registers the caller as a waiter for ``live_ms``.
+        """
+        lease_key, counter_key, waiters_key, _wake = keys
+        if first:
+            return Fanout(
+                [
+                    ("SET", lease_key, token.encode() + b"\n\n" + meta)
+                    + ("NX", "PX", ms(ttl)),
+                    ("INCR", counter_key),
+                ],
+                skip_quarantined=True,
+                decided=self._set_by_quorum,
+            )
+        return Fanout(
+            [
+                ("EVALSHA", ACQUIRE.sha, 3, lease_key, counter_key, waiters_key)
+                + (token, ms(ttl), meta, live_ms, int(time.time()) << FENCE_SHIFT)
+                + (self.fence_retention_ms,)
+            ],
+            skip_quarantined=True,
+            decided=self._granted_by_quorum,
+        )
+
+    @staticmethod
+    def _tally(
+        results: list, first: bool
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
+        """Return the nodes that granted (node, fence), the busy ones (node,
+        lease ms left) and how many failed, from an attempt's results."""
+        granted: list[tuple[int, int]] = []
+        busy: list[tuple[int, int]] = []
+        failed = 0
+        for i, r in enumerate(results):
+            if isinstance(r, Failed):
+                failed += 1
+            elif first:
+                (granted if r[0] is not None else busy).append((i, r[1]))
+            elif r[0][0] == 1:
+                granted.append((i, int(r[0][1])))
+            else:
+                busy.append((i, int(r[0][1])))
+        return granted, busy, failed
+
+    def _grant_steps(
+        self, name: str, keys: tuple, token: str, fences: list[int], ttl, sent
+    ) -> Generator[Any, Any, Lease | None]:
+        """Turn a quorum's grant into a Lease, or None if it came too late.
+
+        The fencing token is the largest granting counter (the clock floor if
+        the counters are new); unless a quorum already stores it, a commit
+        makes it visible on a majority that holds the lease before anyone
+        sees it.
+        """
+        quorum = self.quorum
+        fence = max(fences)
+        if fence < FENCE_FLOOR_MIN:
+            # New counters (first use, a node that lost its data, a lock
+            # unused for FENCE_RETENTION): the clock floor.
+            fence = max(fence, int(time.time()) << FENCE_SHIFT)
+        # Stored on a quorum already, and no granting counter is new (a new
+        # one has no expiry yet: the commit gives it one).
+        ok = fences.count(fence) >= quorum and min(fences) >= FENCE_FLOOR_MIN
+        if not ok:
+            lease_key, counter_key = keys[0], keys[1]
+            commits = yield Fanout(
+                [
+                    ("EVALSHA", COMMIT.sha, 2, lease_key, counter_key, token)
+                    + (fence, self.fence_retention_ms)
+                ]
+            )
+            confirmed = sum(
+                1 for r in commits if not isinstance(r, Failed) and r[0] == 1
+            )
+            ok = confirmed >= quorum
+        drift = ttl * self.drift_factor + 0.002
+        validity = ttl - (time.monotonic() - sent) - drift
+        if not (ok and validity > 0):
+            return None
+        return Lease(
+            alias=self.alias,
+            name=name,
+            token=token,
+            fencing_token=fence,
+            ttl=ttl,
+            deadline=sent + ttl - drift,
+        )
+
+    def _wait_steps(
+        self, keys: tuple, granted: list, busy: list, deadline: float
+    ) -> Generator[Any, Any, None]:
+        """Wait before the next attempt, after one that took no lease."""
+        now = time.monotonic()
+        if not busy:
+            # Granted by a quorum but too slowly (validity) or the commit
+            # failed: try again after a random moment.
+            yield Sleep(min(deadline - now, random.uniform(0, self.retry_jitter)))
+            return
+        # The lock is held elsewhere: sleep on the wake list of the first busy
+        # node (a release there signals it), at most until enough nodes'
+        # leases would have run out.
+        pttls = sorted(p for _i, p in busy)
+        need = self.quorum - len(granted)
+        expiry = pttls[need - 1] / 1000 if 0 < need <= len(pttls) else 0.0
+        wait = min(
+            deadline - now,
+            MAX_WAIT_SLICE,
+            max(expiry, 0.0) + 0.002 + random.uniform(0, self.retry_jitter),
+        )
+        busy_nodes = {i for i, _p in busy}
+        wake_node = next(i for i in self._wake_order(keys[0]) if i in busy_nodes)
+        if wait >= 0.001:
+            popped = yield Block(wake_node, keys[3], wait)
+            if popped is False:  # the node could not block: do not spin
+                yield Sleep(min(wait, 0.005 + random.uniform(0, 0.01)))
+        if granted:
+            # A split vote (or a holder with a bare quorum): the undo of the
+            # other side wakes us; back off a random moment so that
+            # contenders stop colliding.
+            now = time.monotonic()
+            yield Sleep(
+                max(0.0, min(deadline - now, random.uniform(0, self.retry_jitter)))
+            )
 
     def _start_new_counters(
         self, keys: tuple[str, str, str, str], answers: list[tuple[int, int]]
