@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...keys import glob_escape
+from ...keys import encode_name, glob_escape
 from ..base import Holder
 from .client import async_timeout
-from .keys import LEASE_FIELDS, RELEASE
+from .keys import LEASE_FIELDS, LIST, RELEASE
 
 __all__ = ["RedisListing"]
 
@@ -53,32 +53,61 @@ class RedisListing:
         # Exactly "<prefix>:{<43-char digest>}": a longer KEY_PREFIX that
         # starts with ours (another alias's) can never match.
         pattern = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}"
-        client = self.client
+        # A str prefix of the name is a bytes prefix of its stored form: the
+        # list script filters on the server.
+        wanted = encode_name(prefix)
         try:
-            keys = client.scan_iter(match=pattern, count=LIST_BATCH, _type="HASH")
-            batch: list[bytes] = []
-            for key in keys:
-                batch.append(key)
-                if len(batch) >= LIST_BATCH:
-                    yield from self._read_leases(batch, prefix)
-                    batch = []
-            if batch:
-                yield from self._read_leases(batch, prefix)
+            if self.cluster:
+                batches = self._cluster_batches(pattern, wanted)
+            else:
+                batches = self._script_batches(pattern, wanted)
+            alias = self.alias
+            for batch in batches:
+                now_ms = time.time_ns() // 1_000_000
+                for k in range(0, len(batch), 2):
+                    holder = _holder(alias, batch[k], batch[k + 1], now_ms)
+                    if holder is not None:
+                        yield holder
         except redis.exceptions.RedisError as e:
             raise self._error(e, "list locks") from e
 
-    def _read_leases(self, keys: list[bytes], prefix: str) -> Iterator[Holder]:
+    # The listing batches are lists of replies, the HMGET of a lease's fields
+    # then its PTTL: [fields, pttl, fields, pttl, ...].
+
+    def _script_batches(self, pattern: str, wanted: bytes) -> Iterator[list]:
+        """Scan and read one server's leases, one list script call per step."""
+        script = self.redis.script(LIST)
+        args = [wanted, 0, pattern, LIST_BATCH]
+        while True:
+            reply = script(keys=[], args=args)
+            yield reply[1:]
+            if reply[0] == b"0":
+                return
+            args[1] = reply[0]
+
+    def _cluster_batches(self, pattern: str, wanted: bytes) -> Iterator[list]:
+        """Scan every primary of a cluster; read each batch with the script.
+
+        Keys of different locks are in different slots: one script call per
+        key, pipelined (one round trip per primary).
+        """
+        batch: list[bytes] = []
+        for key in self.client.scan_iter(match=pattern, count=LIST_BATCH, _type="HASH"):
+            batch.append(key)
+            if len(batch) >= LIST_BATCH:
+                yield self._cluster_read(batch, wanted)
+                batch = []
+        if batch:
+            yield self._cluster_read(batch, wanted)
+
+    def _cluster_read(self, keys: list[bytes], wanted: bytes) -> list:
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
-            pipe.hmget(key, LEASE_FIELDS)
-            pipe.pttl(key)
-        replies = pipe.execute()
-        now_ms = time.time_ns() // 1_000_000
-        alias = self.alias
-        for k in range(0, len(replies), 2):
-            holder = _holder(alias, replies[k], replies[k + 1], now_ms)
-            if holder is not None and holder.name.startswith(prefix):
-                yield holder
+            pipe.execute_command("EVAL", LIST.source, 1, key, wanted)
+        values: list = []
+        for reply in pipe.execute():
+            values += reply[1:]
+        return values
 
     def holder_of(self, name: str) -> Holder | None:
         """Return the current holder of ``name`` (one round trip), or None."""
