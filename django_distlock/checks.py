@@ -36,6 +36,8 @@ distlock.E022  A ``distributed_lock`` view's ``using=`` names no ``LOCKS`` alias
                (``decorators.py``).
 distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=`` or
                ``auto_renew=`` is invalid (``decorators.py``).
+distlock.E024  ``OPTIONS["CACHE"]`` with connection options of the lock's own beside
+               it (``backends/redis/checks.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.

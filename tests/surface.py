@@ -155,7 +155,7 @@ def fill_redis(url: str, prefix: str, count: int, key_prefix: str = "distlock") 
     """Create ``count`` held locks named ``prefix<i>`` fast (pipelined ACQUIRE)."""
     import redis
 
-    from django_distlock.backends.redis import ACQUIRE, LockKeys
+    from django_distlock.backends.redis.keys import ACQUIRE, LockKeys
     from django_distlock.keys import encode_name
 
     client = redis.Redis.from_url(url)

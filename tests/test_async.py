@@ -259,28 +259,25 @@ def test_cancelled_mid_reply_never_returns_its_connection(redis_url):
     backend = locks["default"]
 
     async def scenario():
-        # The reply (nil) comes 0.3 s after the send; cancel before it.
-        task = asyncio.create_task(backend._acall("BLPOP", "nothing", 0.3))
+        client = backend.aclient()
+        # The reply (nil) comes 1 s after the send; cancel before it.
+        task = asyncio.create_task(client.blpop(["nothing"], 1))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.4)  # the stale reply would have arrived by now
-        _, conns = backend._aloop()
-        assert not conns.busy
-        for conn in conns.idle:
-            assert not await conn.can_read()
+        await asyncio.sleep(1.1)  # the stale reply would have arrived by now
         replies = []
         for i in range(5):
-            replies.append(await backend._acall("SET", f"k{i}", str(i)))
-            replies.append(await backend._acall("GET", f"k{i}"))
+            replies.append(await client.set(f"k{i}", str(i)))
+            replies.append(await client.get(f"k{i}"))
         async with lock("x") as held:
             token = held.fencing_token
         async with lock("x") as held:
             assert held.fencing_token > token
         return replies
 
-    expected = [r for i in range(5) for r in (b"OK", str(i).encode())]
+    expected = [r for i in range(5) for r in (True, str(i).encode())]
     assert asyncio.run(scenario()) == expected
 
 
@@ -298,11 +295,10 @@ def test_cancelled_tasks_storm_keeps_connections_sound(redis_url):
             for task in tasks[::2]:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        _, conns = backend._aloop()
-        for conn in conns.idle:
-            assert not await conn.can_read()
-        assert await backend._acall("SET", "after", "1") == b"OK"
-        assert await backend._acall("GET", "after") == b"1"
+        client = backend.aclient()
+        for i in range(10):
+            assert await client.set("after", str(i))
+            assert await client.get("after") == str(i).encode()
         for i in range(3):
             async with lock(f"storm:{i}", timeout=5):
                 pass
@@ -355,14 +351,15 @@ def test_reconnecting_a_stale_connection_gets_the_connect_timeout(
             pass
         own_server.restart()
         await asyncio.sleep(0.1)
-        [conn] = backend._aloop()[1].idle
-        connect = type(conn).connect
+        conn_class = backend.aclient().connection_pool.connection_class
+        connect = conn_class.connect
 
         async def slow_connect(self):
-            await asyncio.sleep(0.4)  # longer than SOCKET_TIMEOUT alone
+            if not self.is_connected:
+                await asyncio.sleep(0.4)  # longer than SOCKET_TIMEOUT alone
             await connect(self)
 
-        monkeypatch.setattr(type(conn), "connect", slow_connect)
+        monkeypatch.setattr(conn_class, "connect", slow_connect)
         async with lock("x") as held:
             return held.fencing_token
 
@@ -399,52 +396,41 @@ def test_paused_server_times_out_within_the_socket_timeout(own_server):
     assert "Timeout" in str(error)
 
 
-@pytest.mark.parametrize("ours_first", [True, False])
-def test_outer_cancellation_wins_over_a_command_timeout(redis_url, ours_first):
-    """A task cancelled from elsewhere just as its command times out is
-    cancelled: the timeout must not swallow that cancellation."""
+def test_outer_cancellation_of_a_waiting_command_is_a_cancellation(redis_url):
+    """A task cancelled from elsewhere while its command waits is cancelled
+    (not turned into a backend error), and the next commands work."""
     backend = locks["default"]
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-        task = asyncio.create_task(backend._acall("BLPOP", "nothing", 1))
-        await asyncio.sleep(0.05)
-        _, conns = backend._aloop()
-        ((conn, entry),) = conns.busy.items()
-        entry[1] = loop.time() - 1  # overdue
-        if ours_first:
-            conns.expire(loop)
-            task.cancel()
-        else:
-            task.cancel()
-            conns.expire(loop)
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert not conns.busy and conn not in conns.idle
-        assert await backend._acall("SET", "after", "1") == b"OK"
-
-    asyncio.run(scenario())
-
-
-def test_command_timeout_is_a_backend_error_not_a_cancellation(redis_url):
-    backend = locks["default"]
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
         task = asyncio.create_task(backend._aexecute(("blpop", "nothing", 1)))
         await asyncio.sleep(0.05)
-        _, conns = backend._aloop()
-        ((conn, entry),) = conns.busy.items()
-        entry[1] = loop.time() - 1
-        conns.expire(loop)
-        with pytest.raises(LockBackendError, match="Timeout"):
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
             await task
-        if sys.version_info >= (3, 11):
-            assert task.cancelling() == 0
-        assert not conns.busy and conn not in conns.idle
-        assert await backend._acall("SET", "after", "1") == b"OK"
+        assert await backend.aclient().set("after", "1")
+        assert await backend.aclient().get("after") == b"1"
 
     asyncio.run(scenario())
+
+
+def test_command_timeout_is_a_backend_error_not_a_cancellation(own_server):
+    async def scenario():
+        backend = locks["default"]
+        assert await backend.aclient().set("warm", "1")
+        own_server.pause()
+        try:
+            task = asyncio.create_task(backend._aexecute(("hget", "k", "t")))
+            with pytest.raises(LockBackendError, match="Timeout"):
+                await task
+        finally:
+            own_server.resume()
+        if sys.version_info >= (3, 11):
+            assert task.cancelling() == 0
+            assert asyncio.current_task().cancelling() == 0
+        assert await backend.aclient().set("after", "1")
+
+    with override_settings(LOCKS=_own_locks(own_server.url, SOCKET_TIMEOUT=0.3)):
+        asyncio.run(scenario())
 
 
 def test_noscript_recovery(redis_server, redis_url):
@@ -476,8 +462,7 @@ def test_several_event_loops_in_sequence(redis_url):
         async with lock(f"renewed:{i}", ttl=TTL, auto_renew=True) as held:
             await asyncio.sleep(TTL * 0.5)
             assert not held.lease.lost
-        _, conns = backend._aloop()
-        return conns
+        return backend.aclient()
 
     seen = [asyncio.run(scenario(i)) for i in range(4)]
     # Each loop had connections of its own; none crossed to the next loop.
@@ -564,7 +549,7 @@ def test_cache_option_keeps_the_cache_connection_settings(redis_server, redis_ur
             import redis
 
             db3 = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/3")
-            return db3.keys("*"), locks["default"]._aspec[2]
+            return db3.keys("*"), locks["default"].redis.timeouts[0]
 
     with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
         keys, timeout = asyncio.run(scenario())

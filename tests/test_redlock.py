@@ -168,15 +168,15 @@ def test_a_step_stops_reading_once_a_quorum_decided_it(nodes):
     backend = backend_for(nodes)
     backend.release(backend.acquire("early", 5, 0))  # counters set up
     lease = backend.acquire("early", 5, 0)
-    conns = backend._thread_conns()
-    owed = [conns[i].__dict__.get("_distlock_owed", 0) for i in range(len(nodes))]
+    links = backend._thread_links()
+    owed = [links[i].owed for i in range(len(nodes))]
     # Unread on nodes 3 and 4: the release before (1 reply), then this
     # acquisition's SET NX PX + INCR (2).
     assert owed == [0, 0, 0, 3, 3]
     for server in nodes:  # they were sent everywhere all the same
         assert server.client().get(backend.keys_for("early")[0])
     assert backend.is_held(lease) is True  # reads every node: owed first
-    assert [conns[i]._distlock_owed for i in range(len(nodes))] == [0] * 5
+    assert [links[i].owed for i in range(len(nodes))] == [0] * 5
     assert backend.release(lease) is True
     # A waiter blocks (BLPOP) on a connection that may owe replies: they are
     # drained first, so the wake-up is not mistaken for an old reply.
@@ -206,8 +206,8 @@ def test_the_nodes_read_last_owe_a_bounded_number_of_replies(nodes):
     backend = backend_for(nodes)
     for _ in range(100):
         assert backend.release(backend.acquire("debt", 5, 0)) is True
-    conns = backend._thread_conns()
-    owed = [conns[i].__dict__.get("_distlock_owed", 0) for i in range(len(nodes))]
+    links = backend._thread_links()
+    owed = [links[i].owed for i in range(len(nodes))]
     assert max(owed) <= MAX_OWED_REPLIES, owed
     assert owed[-1] > 0  # the steps still stop at the quorum
 
@@ -215,7 +215,7 @@ def test_the_nodes_read_last_owe_a_bounded_number_of_replies(nodes):
         for _ in range(100):
             lease = await backend.aacquire("debt", 5, 0)
             assert await backend.arelease(lease) is True
-        return [c._distlock_replies.owed for idle in backend._afree() for c in idle]
+        return [link.owed for idle in backend._afree() for link in idle]
 
     owed = asyncio.run(cycles())
     assert len(owed) == len(nodes)
@@ -228,7 +228,7 @@ def test_a_new_connection_is_checked_for_a_restart_even_if_read_last(nodes):
     restart would go unnoticed (and the node's next votes count)."""
     backend = backend_for(nodes, RESTART_DELAY=600)
     assert backend.release(backend.acquire("x", 5, 0)) is True
-    backend._thread_conns()[4].disconnect()
+    backend._thread_links()[4].conn.disconnect()
     backend.nodes[4].run_id = "the identity before a restart"
     lease = backend.acquire("x", 5, 0)
     assert lease is not None
@@ -259,6 +259,38 @@ def test_holders_need_a_quorum_and_force_release(nodes):
     assert list(backend.holders()) == []
     # The evicted holder learns it at its next renewal.
     assert backend.renew([lease]) == [False]
+
+
+def test_holder_of_one_name_in_one_fanout(nodes, monkeypatch):
+    backend = backend_for(nodes)
+    name = "looked up \n*?[ ünïcode"
+    lease = backend.acquire(name, 5, 0)
+    steps = []
+    real = backend._fanout
+    monkeypatch.setattr(
+        backend, "_fanout", lambda step: steps.append(step) or real(step)
+    )
+    monkeypatch.setattr(backend, "_scan", lambda: pytest.fail("listing scanned"))
+    holder = backend.holder_of(name)
+    assert len(steps) == 1  # one round trip to the nodes
+    assert holder.name == name and holder.token == lease.token
+    assert holder.fencing_token == lease.fencing_token
+    assert holder.pid == os.getpid() and holder.expires_at is not None
+    again = asyncio.run(backend.aholder_of(name))
+    assert (again.name, again.token, again.fencing_token) == (
+        holder.name,
+        holder.token,
+        holder.fencing_token,
+    )
+    assert backend.holder_of(name[:-1]) is None  # a prefix is another name
+    # A lease on a minority of nodes is no holder.
+    key = backend.keys_for("minority")[0]
+    for server in nodes[:2]:
+        server.client().set(key, b"x\n1\n" + pack_meta("minority", "h", 1, "t", 0))
+        server.client().pexpire(key, 10_000)
+    assert backend.holder_of("minority") is None
+    assert backend.release(lease) is True
+    assert backend.holder_of(name) is None
 
 
 def test_meta_round_trips_any_name():
@@ -868,7 +900,7 @@ def test_script_cache_flushed_on_every_node(nodes):
 
 def test_a_leftover_of_our_own_earlier_attempt_is_renewed(nodes, monkeypatch):
     """An attempt whose undo missed a node finds its own lease there later."""
-    from django_distlock.backends import redlock
+    from django_distlock.backends.redlock import algorithm as redlock
 
     backend = backend_for(nodes)
     key = backend.keys_for("own")[0]

@@ -28,10 +28,13 @@ from django_distlock import (
     lock_for,
     locks,
 )
-from django_distlock.backends import redis_reentrant
 from django_distlock.backends.base import Lease
-from django_distlock.backends.redis import ReentrantRedisLockBackend
-from django_distlock.backends.redis_reentrant import ReentrantLease, current_owner
+from django_distlock.backends.redis import (
+    ReentrantLease,
+    ReentrantRedisLockBackend,
+    current_owner,
+)
+from django_distlock.backends.redis import reentrant as redis_reentrant
 from django_distlock.locking import lock_name_for
 
 from . import workers
@@ -66,6 +69,28 @@ def reentrant(redis_url):
 @pytest.fixture
 def name(request):
     return f"reentrant:{request.node.name} {uuid.uuid4().hex[:8]}"
+
+
+def test_cancelled_tasks_storm_leaves_no_lock_held(reentrant, name):
+    """Tasks cancelled anywhere in acquire, nesting or release leave no
+    level behind: every lock is free after the storm."""
+
+    async def cycle(i):
+        async with lock(f"{name}:{i % 3}", timeout=5):
+            async with lock(f"{name}:{i % 3}", timeout=5):
+                await asyncio.sleep(0)
+
+    async def scenario():
+        for round_ in range(20):
+            tasks = [asyncio.create_task(cycle(i)) for i in range(6)]
+            await asyncio.sleep(0.0005 * (round_ % 4))
+            for task in tasks[::2]:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert not [r for r in results if isinstance(r, LockNotAcquired)]
+
+    asyncio.run(scenario())
+    assert [h.name for h in reentrant.holders(prefix=name)] == []
 
 
 # -- helpers and process workers (module level: spawned processes import them)
@@ -691,15 +716,15 @@ def test_waiter_that_gives_up_keeps_a_plain_handoff_and_can_nest(reentrant, name
     plain.acquire()
     steps = reentrant._acquire_steps(name, 5, 0.05)
     command = steps.send(None)
-    assert command[1].name == "redis_reentrant_acquire.lua"
+    assert command[1].name == "reentrant_acquire"
     reply = reentrant._execute(command)
     assert reply[0] == 0  # busy: queued
     plain.release()  # handed to the queued waiter (plain message, no owner)
     time.sleep(0.1)  # past the waiter's deadline
     command = steps.send(reply)
-    assert command[1].name == "redis_cancel.lua"
+    assert command[1].name == "cancel"
     command = steps.send(reentrant._execute(command))
-    assert command[1].name == "redis_reentrant_adopt.lua"
+    assert command[1].name == "reentrant_adopt"
     try:
         steps.send(reentrant._execute(command))
     except StopIteration as stop:

@@ -1,6 +1,6 @@
 -- Read leases for listing, in one reply (no per-key round trip or reply
--- parsing on the client). A listing of every lock on one server does not
--- use it: plain pipelined HMGET and PTTL cost the server about half as much.
+-- parsing on the client: through redis-py, packing and parsing a pipeline of
+-- HMGET and PTTL costs the client several times what this costs the server).
 --
 -- Two forms:
 --   KEYS given: read those lease hashes (Redis Cluster: one key per call).

@@ -1,0 +1,265 @@
+"""The redis-py clients of a Redis lock backend, sync and ``redis.asyncio``.
+
+Every form of LOCATION goes through one client: a URL (``redis://``,
+``rediss://`` for TLS, ``unix://``), a Redis Cluster (``redis+cluster://``
+or ``OPTIONS["CLUSTER"]``: redis-py's ``RedisCluster`` routes each command
+to its slot's primary), Sentinel (``OPTIONS["SENTINELS"]``: the client of the
+primary the sentinels name) or a django-redis cache's pool
+(``OPTIONS["CACHE"]``). Scripts are redis-py ``Script`` objects (EVALSHA,
+loaded by redis-py on NOSCRIPT); batches are redis-py pipelines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import weakref
+from functools import cached_property
+from typing import Any
+
+from ..base import current_pid
+from ..scripts import LuaScript
+
+try:
+    from asyncio import timeout as async_timeout
+except ImportError:  # Python 3.10: redis-py depends on async-timeout there
+    from async_timeout import timeout as async_timeout
+
+__all__ = ["CLUSTER_SCHEMES", "MAX_WAIT_SLICE", "RedisClients", "async_timeout"]
+
+#: LOCATION schemes of a Redis Cluster (the rest of the URL as for redis://).
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+#: Longest single blocking wait (seconds); shorter still under a short
+#: socket timeout, which a blocking command must never outlast.
+MAX_WAIT_SLICE = 5.0
+#: The part of the socket timeout one blocking wait may use: the rest is
+#: for the reply to travel.
+WAIT_SHARE = 0.6
+
+
+def _pool_checks_connections() -> dict[str, Any]:
+    """Return the ``redis.asyncio.Redis`` keywords that keep its pool's check
+    of an idle connection (closed by the server, unread data) on.
+
+    From redis-py 7 the asyncio pool skips that check while "maintenance
+    notifications" may be on, which they are by default ("auto"); a lock
+    client has no use for them.
+    """
+    import redis.asyncio as aredis
+
+    if "maint_notifications_config" not in inspect.signature(aredis.Redis).parameters:
+        return {}
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+class RedisClients:
+    """The sync client of one backend and its asyncio twins, one per event loop."""
+
+    def __init__(self, location: Any, options: dict[str, Any]):
+        self.location = location
+        self.options = options
+        self.cache = options.get("CACHE")
+        self.socket_timeout = float(options.get("SOCKET_TIMEOUT", 2.0))
+        self.connect_timeout = float(options.get("SOCKET_CONNECT_TIMEOUT", 1.0))
+        self.cluster = bool(options.get("CLUSTER")) or (
+            isinstance(location, str) and location.startswith(CLUSTER_SCHEMES)
+        )
+        self.sentinels = [tuple(s) for s in options.get("SENTINELS") or ()]
+        self._scripts: dict[str, Any] = {}
+        self._reset_async()
+
+    def _reset_async(self) -> None:
+        # A redis.asyncio client belongs to the loop that opened its
+        # connections: (client, its scripts) per loop, and the last loop's
+        # found without hashing the loop on every command.
+        self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._alast: tuple[weakref.ref, Any, dict] | None = None
+        self._apid = current_pid()
+
+    # -- configuration ----------------------------------------------------
+
+    def _kwargs(self, for_asyncio: bool = False) -> dict[str, Any]:
+        from redis.backoff import NoBackoff
+
+        if for_asyncio:
+            from redis.asyncio.retry import Retry
+        else:
+            from redis.retry import Retry
+
+        kwargs = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            # Our scripts are not all idempotent: never let the driver resend
+            # a command whose reply was lost. Errors surface as LockBackendError.
+            "retry": Retry(NoBackoff(), 0),
+            "retry_on_timeout": False,
+        }
+        kwargs.update(self.options.get("CONNECTION_POOL_KWARGS", {}))
+        return kwargs
+
+    @cached_property
+    def timeouts(self) -> tuple[float | None, float | None]:
+        """Return the (socket, connect) timeouts the connections really have.
+
+        With ``OPTIONS["CACHE"]`` those are the django-redis pool's, not
+        this alias's.
+        """
+        if not self.cache:
+            return self.socket_timeout, self.connect_timeout
+        kwargs = self.client.connection_pool.connection_kwargs
+        timeout = kwargs.get("socket_timeout")
+        return timeout, kwargs.get("socket_connect_timeout") or timeout
+
+    @cached_property
+    def wait_slice(self) -> float:
+        """Return the longest blocking wait that the socket timeout allows.
+
+        With ``OPTIONS["CACHE"]`` that is the django-redis pool's timeout,
+        not this alias's: a wait must never be cut by the pool's timeout.
+        """
+        timeout = self.timeouts[0]
+        if timeout is None:
+            return MAX_WAIT_SLICE
+        return min(MAX_WAIT_SLICE, max(0.01, timeout * WAIT_SHARE))
+
+    @cached_property
+    def adeadline(self) -> float | None:
+        """Return the seconds one asyncio command may take, connecting included.
+
+        The asyncio connections have no socket timeout of their own (redis-py
+        would start a task for every write under one): each command runs
+        under this one deadline instead.
+        """
+        timeout, connect = self.timeouts
+        if timeout is None:
+            return None
+        return timeout + (connect or 0.0)
+
+    # -- the sync client --------------------------------------------------
+
+    @cached_property
+    def client(self):
+        """Return the redis-py client (created on first use)."""
+        import redis
+
+        if self.cache:
+            from django_redis import get_redis_connection
+
+            return get_redis_connection(self.cache)
+        if self.cluster:
+            from redis.cluster import ClusterNode, RedisCluster
+
+            return self._cluster(RedisCluster, ClusterNode, self._kwargs())
+        if self.sentinels:
+            from redis.sentinel import Sentinel
+
+            return self._sentinel_primary(Sentinel, self._kwargs())
+        return redis.Redis.from_url(self.location, **self._kwargs())
+
+    def _cluster(self, cluster_class, node_class, kwargs: dict[str, Any]):
+        """Return a RedisCluster client from LOCATION.
+
+        ``redis+cluster://[user:pass@]h1:p1,h2:p2/?opts`` names several
+        startup nodes, so that the client can start while one is down.
+        """
+        scheme, rest = self.location.split("://", 1)
+        scheme = scheme.replace("+cluster", "")
+        netloc, sep, tail = rest.partition("/")
+        creds, at, hosts = netloc.rpartition("@")
+        first, *others = hosts.split(",")
+        url = f"{scheme}://{creds}{at}{first}{sep}{tail}"
+        if others:
+            nodes = []
+            for other in others:
+                host, _, port = other.rpartition(":")
+                nodes.append(node_class(host.strip("[]"), int(port or 6379)))
+            kwargs = {**kwargs, "startup_nodes": nodes}
+        return cluster_class.from_url(url, **kwargs)
+
+    def _sentinel_primary(self, sentinel_class, kwargs: dict[str, Any]):
+        """Return the client of the primary that the sentinels currently name."""
+        sentinel_kwargs = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            **self.options.get("SENTINEL_KWARGS", {}),
+        }
+        sentinel = sentinel_class(self.sentinels, sentinel_kwargs=sentinel_kwargs)
+        return sentinel.master_for(self.options["SERVICE_NAME"], **kwargs)
+
+    def script(self, lua: LuaScript):
+        """Return the sync client's redis-py ``Script`` for ``lua``."""
+        script = self._scripts.get(lua.name)
+        if script is None:
+            script = self._scripts[lua.name] = self.client.register_script(lua.source)
+        return script
+
+    # -- the asyncio clients ----------------------------------------------
+
+    def aclient(self):
+        """Return the ``redis.asyncio`` client of the running event loop."""
+        return self._aloop()[0]
+
+    def ascript(self, lua: LuaScript):
+        """Return the running loop's redis-py ``AsyncScript`` for ``lua``."""
+        client, scripts = self._aloop()
+        script = scripts.get(lua.name)
+        if script is None:
+            script = scripts[lua.name] = client.register_script(lua.source)
+        return script
+
+    def _aloop(self) -> tuple[Any, dict]:
+        loop = asyncio.get_running_loop()
+        last = self._alast  # read whole: threads with loops of their own share it
+        if last is not None and last[0]() is loop:
+            return last[1], last[2]
+        if self._apid != current_pid():
+            self._reset_async()  # forked: the parent's sockets are not ours
+        entry = self._aclients.get(loop)
+        if entry is None:
+            entry = self._aclients[loop] = (self._new_aclient(), {})
+        self._alast = (weakref.ref(loop), *entry)
+        return entry
+
+    def _new_aclient(self):
+        import redis.asyncio as aredis
+
+        if self.cluster:
+            from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+            kwargs = self._kwargs(for_asyncio=True)
+            kwargs.pop("retry_on_timeout")  # not an asyncio cluster option
+            return self._cluster(RedisCluster, ClusterNode, kwargs)
+        if self.cache:
+            # The cache pool's settings, minus what only a sync pool takes.
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+
+            accepted = inspect.signature(aredis.Redis).parameters
+            kwargs = {
+                k: v
+                for k, v in self.client.connection_pool.connection_kwargs.items()
+                if k in accepted
+                and k not in ("connection_class", "parser_class", "retry")
+            }
+            kwargs.update(_pool_checks_connections(), retry=Retry(NoBackoff(), 0))
+            kwargs["socket_timeout"] = None  # see adeadline
+            return aredis.Redis(**kwargs)
+        kwargs = {**self._kwargs(for_asyncio=True), **_pool_checks_connections()}
+        kwargs["socket_timeout"] = None  # see adeadline
+        if self.sentinels:
+            from redis.asyncio.sentinel import Sentinel
+
+            return self._sentinel_primary(Sentinel, kwargs)
+        return aredis.Redis.from_url(self.location, **kwargs)
+
+    def close(self) -> None:
+        """Drop the clients; close the sync one unless it is a cache's."""
+        client = self.__dict__.pop("client", None)
+        for name in ("wait_slice", "timeouts", "adeadline"):
+            self.__dict__.pop(name, None)
+        self._scripts = {}
+        if client is not None and not self.cache:
+            client.close()
+        self._reset_async()

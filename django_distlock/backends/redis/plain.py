@@ -1,0 +1,355 @@
+"""Redis single-instance backend.
+
+Each lock is one Redis hash ``<KEY_PREFIX>:{<digest>}`` holding the holder's
+token, fencing token, name and metadata, with the lease as its expiry. Waiters
+queue in ``...:q``/``...:r`` and each blocks on its own wake list
+``...:w:<token>``: the release script hands the lease directly to the first
+live waiter and wakes only that one, so a handoff costs no polling, no race
+and no herd. Every key of one lock shares the ``{<digest>}`` hash tag, so one
+lock lives in one Redis Cluster slot.
+
+The algorithm is written once, as generators that yield Redis commands
+(:meth:`RedisLockBackend._acquire_steps`), and carried out by redis-py's
+sync client or its ``redis.asyncio`` twin (:mod:`.client`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Generator, Iterable
+from functools import cached_property
+from typing import Any
+
+from ...exceptions import LockBackendError
+from ...keys import encode_name
+from ..base import Lease, holder_identity, new_token
+from ..steps import StepsBackend
+from . import checks
+from .client import RedisClients, async_timeout
+from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
+from .listing import RedisListing
+
+__all__ = ["RedisLockBackend"]
+
+#: How long after its expected next call a waiter's queue record stays valid.
+WAITER_GRACE_MS = 1000
+
+# A command for the executors: ("eval", script, keys, args), ("blpop", key,
+# seconds) or ("hget", key, field).
+Command = tuple
+
+
+class RedisLockBackend(RedisListing, StepsBackend):
+    """Locks on one Redis server (or the server behind a django-redis cache).
+
+    ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
+    django-redis cache whose connection pool is reused (with its settings:
+    no connection OPTIONS beside it). Other OPTIONS: ``SOCKET_TIMEOUT``
+    (default 2 s), ``SOCKET_CONNECT_TIMEOUT`` (1 s) and
+    ``CONNECTION_POOL_KWARGS`` (passed to redis-py).
+
+    Scale-out: a ``redis+cluster://host:port[,host:port...]`` LOCATION (or a
+    ``redis://`` one with ``OPTIONS["CLUSTER"] = True``) names startup nodes
+    of a Redis Cluster (redis-py's ``RedisCluster`` finds the others);
+    ``OPTIONS["SENTINELS"]`` (a list of ``(host, port)``) with
+    ``OPTIONS["SERVICE_NAME"]`` reaches the primary that Redis Sentinel
+    currently names, and no LOCATION is needed.
+    ``OPTIONS["SENTINEL_KWARGS"]`` is passed to the connections to sentinels.
+    """
+
+    drivers = (("redis", "redis"),)
+
+    OPTION_KEYS = checks.OPTION_KEYS
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        self.location = params.get("LOCATION")
+        self.redis = RedisClients(self.location, self.options)
+        self.socket_timeout = self.redis.socket_timeout
+        self.connect_timeout = self.redis.connect_timeout
+        self.cluster = self.redis.cluster
+        self._keys: dict[str, LockKeys] = {}
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return system check errors for this backend's LOCKS entry."""
+        return checks.check_redis(cls.__name__, alias, params)
+
+    # -- clients ----------------------------------------------------------
+
+    @property
+    def client(self):
+        """Return the redis-py client (created on first use)."""
+        return self.redis.client
+
+    def aclient(self):
+        """Return the ``redis.asyncio`` client of the running event loop."""
+        return self.redis.aclient()
+
+    @cached_property
+    def max_wait_slice(self) -> float:
+        """Return the longest single blocking wait (below the socket timeout)."""
+        return self.redis.wait_slice
+
+    def close(self) -> None:
+        self.redis.close()
+        self.__dict__.pop("max_wait_slice", None)
+
+    def _error(self, exc: Exception, what: str) -> LockBackendError:
+        return LockBackendError(
+            f"Redis lock backend {self.alias!r} failed to {what}: {exc}"
+        )
+
+    # -- executors --------------------------------------------------------
+
+    def _execute(self, command: Command) -> Any:
+        import redis
+
+        kind = command[0]
+        try:
+            if kind == "eval":
+                return self.redis.script(command[1])(keys=command[2], args=command[3])
+            if kind == "blpop":
+                return self.redis.client.blpop([command[1]], command[2])
+            if kind == "hget":
+                return self.redis.client.hget(command[1], command[2])
+        except redis.exceptions.RedisError as e:
+            raise self._error(e, kind) from e
+        raise AssertionError(f"unknown command {kind!r}")
+
+    async def _aexecute(self, command: Command) -> Any:
+        import redis
+
+        kind = command[0]
+        deadline = self.redis.adeadline
+        try:
+            if kind == "eval":
+                script = self.redis.ascript(command[1])
+                async with async_timeout(deadline):
+                    return await script(keys=command[2], args=command[3])
+            if kind == "blpop":
+                if deadline is not None:
+                    deadline += command[2]
+                async with async_timeout(deadline):
+                    return await self.redis.aclient().blpop([command[1]], command[2])
+            if kind == "hget":
+                async with async_timeout(deadline):
+                    return await self.redis.aclient().hget(command[1], command[2])
+        except redis.exceptions.RedisError as e:
+            raise self._error(e, kind) from e
+        except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
+            raise self._error(redis.exceptions.TimeoutError("Timeout"), kind) from e
+        raise AssertionError(f"unknown command {kind!r}")
+
+    # -- the algorithm, as command generators -----------------------------
+
+    def keys_for(self, name: str) -> LockKeys:
+        """Return the keys that hold lock ``name``."""
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = LockKeys(self.key_prefix, name)
+            # Hashing the name is the costliest local step of a cycle; remember
+            # the keys of short names (bounded, so it cannot grow unchecked).
+            if len(name) <= 256:
+                if len(self._keys) >= 4096:
+                    self._keys.clear()
+                self._keys[name] = keys
+        return keys
+
+    def _acquire_steps(
+        self, name: str, ttl: float, timeout: float | None, token: str | None = None
+    ) -> Generator[Command, Any, Lease | None]:
+        keys = self.keys_for(name)
+        token = token or new_token()
+        host, pid, thread = holder_identity()
+        start = time.monotonic()
+        deadline = math.inf if timeout is None else start + timeout
+        blocking = timeout is None or timeout > 0
+        slice_len = min(self.max_wait_slice, deadline - start)
+        args = [token, ms(ttl), encode_name(name), host, pid, thread]
+
+        sent = start
+        live_ms = ms(slice_len) + WAITER_GRACE_MS if blocking else 0
+        try:
+            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            if not acquired:
+                acquired, value, sent = yield from self._wait_steps(
+                    keys, args, token, value, sent, deadline, blocking
+                )
+        except GeneratorExit:
+            raise  # closed by the executor: no clean-up wanted (backend down)
+        except BaseException:
+            # Interrupted (a cancelled task, KeyboardInterrupt...) after the
+            # request may have reached the server: leave the waiter queue, and
+            # give back a lease taken or handed over meanwhile, so that nobody
+            # waits a whole ttl for a caller that is gone.
+            wake = keys.wake_prefix + token
+            got, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+            if got:
+                yield ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+            raise
+        if not acquired:
+            return None
+        return Lease(
+            alias=self.alias,
+            name=name,
+            token=token,
+            fencing_token=int(value),
+            ttl=ttl,
+            deadline=sent + ttl,
+        )
+
+    def _wait_steps(
+        self, keys, args, token, value, sent, deadline, blocking
+    ) -> Generator[Command, Any, tuple[Any, Any, float]]:
+        """Wait for a busy lock: the loop of :meth:`_acquire_steps`."""
+        acquired = 0
+        wake = keys.wake_prefix + token
+        while not acquired:
+            now = time.monotonic()
+            if now >= deadline or not blocking:
+                if blocking:
+                    acquired, value = yield (
+                        "eval",
+                        CANCEL,
+                        (*keys.triple, wake),
+                        [token],
+                    )
+                break
+            # Sleep until woken by a handoff, or until the lease could have
+            # expired (its holder may have died), or the slice ends.
+            pttl = int(value) / 1000 if int(value) > 0 else 0.0
+            wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
+            if wait >= 0.001:
+                popped = yield ("blpop", wake, round(wait, 3))
+                if popped is not None:
+                    acquired, value = 1, popped[1]
+                    break
+            sent = time.monotonic()
+            slice_len = min(self.max_wait_slice, deadline - sent)
+            live_ms = ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
+            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+        return acquired, value, sent
+
+    def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
+        keys = self.keys_for(lease.name)
+        release = ("eval", RELEASE, keys.triple, [lease.token, keys.wake_prefix])
+        try:
+            code = yield release
+        except GeneratorExit:
+            raise  # closed by the executor: no clean-up wanted (backend down)
+        except BaseException:
+            # Interrupted (a cancelled task...) maybe before the release
+            # reached the server (redis-py may wait for its pool first): send
+            # it again. A compare-and-delete is harmless twice.
+            yield release
+            raise
+        return code != 0
+
+    def _extend_steps(self, lease: Lease, ttl: float) -> Generator[Command, Any, bool]:
+        sent = time.monotonic()
+        ok = yield (
+            "eval",
+            EXTEND,
+            (self.keys_for(lease.name).lease,),
+            [lease.token, ms(ttl)],
+        )
+        if ok:
+            lease.deadline = sent + ttl
+        return bool(ok)
+
+    def _is_held_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
+        holder = yield ("hget", self.keys_for(lease.name).lease, "t")
+        return holder is not None and holder.decode() == lease.token
+
+    # -- renewal: one pipelined round trip --------------------------------
+
+    def _renewals(self, leases: list[Lease]) -> list[Command]:
+        return [
+            ("eval", EXTEND, (self.keys_for(le.name).lease,), [le.token, ms(le.ttl)])
+            for le in leases
+        ]
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew every lease in one pipelined round trip."""
+        leases = list(leases)
+        if not leases:
+            return []
+        sent = time.monotonic()
+        replies = self._pipeline(self._renewals(leases))
+        return self._renewed(leases, replies, sent)
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Async twin of :meth:`renew`, on the event loop's own client.
+
+        Native, not ``sync_to_async``: a renewal must not queue behind
+        synchronous work (e.g. sync views sharing the thread-sensitive
+        executor) while the lease runs out.
+        """
+        leases = list(leases)
+        if not leases:
+            return []
+        sent = time.monotonic()
+        replies = await self._apipeline(self._renewals(leases))
+        return self._renewed(leases, replies, sent)
+
+    def _pipeline(self, commands: list[Command]) -> list:
+        """Run script ``commands`` in one pipeline; errors come back as values.
+
+        EVALSHA through ``execute_command`` (a cluster pipeline has no
+        script support); when a server forgot a script, the calls are made
+        one by one through redis-py's ``Script``, which loads it again.
+        """
+        import redis
+
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for _, script, keys, args in commands:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+        except redis.exceptions.RedisError as e:
+            return [e] * len(commands)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            replies = []
+            for command in commands:
+                try:
+                    replies.append(self._execute(command))
+                except LockBackendError as e:
+                    replies.append(e)
+        return replies
+
+    async def _apipeline(self, commands: list[Command]) -> list:
+        """Async twin of :meth:`_pipeline`."""
+        import redis
+
+        try:
+            pipe = self.aclient().pipeline(transaction=False)
+            for _, script, keys, args in commands:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            async with async_timeout(self.redis.adeadline):
+                replies = await pipe.execute(raise_on_error=False)
+        except (redis.exceptions.RedisError, asyncio.TimeoutError) as e:
+            return [e] * len(commands)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            replies = []
+            for command in commands:
+                try:
+                    replies.append(await self._aexecute(command))
+                except LockBackendError as e:
+                    replies.append(e)
+        return replies
+
+    @staticmethod
+    def _renewed(leases: list[Lease], replies, sent: float) -> list[bool | None]:
+        results: list[bool | None] = []
+        for lease, reply in zip(leases, replies):
+            if isinstance(reply, Exception):
+                results.append(None)
+            elif reply:
+                lease.deadline = sent + lease.ttl
+                results.append(True)
+            else:
+                results.append(False)
+        return results

@@ -1,0 +1,214 @@
+"""Redlock: one lock over several independent Redis masters, held by a quorum.
+
+The algorithm is the one of the Redis documentation ("Distributed Locks with
+Redis"): the same lease is set on every node, the lock is held if a majority
+(``N // 2 + 1``) granted it and time is left on it after subtracting the
+elapsed time and a clock drift allowance; otherwise it is undone everywhere.
+It is written once as step generators (:mod:`.algorithm`), carried out by a
+sync or an asyncio executor on redis-py's public connection API
+(:mod:`.fanout`: every step one pipelined round trip to all nodes at once).
+
+Per node, a lock uses the single-instance key names
+(:class:`~django_distlock.backends.redis.LockKeys`): the lease
+``<prefix>:{<digest>}`` (a string ``<token>\n<fence>\n<holder>``, so a grant is
+one ``SET NX PX``), plus ``:c`` (fencing counter), ``:z`` (registered
+waiters) and ``:w`` (wake list), all under one hash tag.
+
+Fencing tokens: see ``docs/backends/redlock.md``. In short, a node grants with
+``counter + 1``; the token is the largest value among the granting nodes (the
+clock floor ``caller_seconds * 2**20`` if the counters are new), and it is
+stored on a majority of nodes that hold the lease *before* the acquisition
+returns (a second round trip only when the nodes did not already agree), so
+every later acquisition, whose majority meets that one, gets a larger token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..base import Lease
+from ..steps import StepsBackend
+from .algorithm import RedlockAlgorithm
+from .fanout import FanoutExecutor
+from .listing import RedlockListing
+from .steps import Node, lock_keys, ms
+
+__all__ = ["RedlockBackend"]
+
+
+class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBackend):
+    """Locks held by a majority of independent Redis masters (Redlock).
+
+    ``LOCATION`` is a list of at least 3 redis URLs (an odd count is best).
+    OPTIONS: ``NODE_TIMEOUT`` (seconds a node may take to answer one step,
+    default 0.1), ``SOCKET_CONNECT_TIMEOUT`` (default: NODE_TIMEOUT),
+    ``DRIFT_FACTOR`` (default 0.01), ``RETRY_JITTER`` (longest random pause
+    after a split vote, default 0.02 s), ``RESTART_DELAY`` (seconds a node
+    seen to restart is not trusted with new leases, default: the TTL),
+    ``FENCE_RETENTION`` (seconds a lock's fencing counter is kept after it
+    was started from the clock floor, default 3600) and
+    ``CONNECTION_POOL_KWARGS`` (passed to redis-py's connections).
+    """
+
+    drivers = (("redis", "redis"),)
+
+    #: Tokens survive any minority of nodes losing their data; beyond that
+    #: they rest on the nodes' clocks (see the docs page).
+    durable_fencing = True
+
+    OPTION_KEYS = {
+        "NODE_TIMEOUT",
+        "SOCKET_CONNECT_TIMEOUT",
+        "DRIFT_FACTOR",
+        "RETRY_JITTER",
+        "RESTART_DELAY",
+        "FENCE_RETENTION",
+        "CONNECTION_POOL_KWARGS",
+    }
+
+    def __init__(self, alias: str, params: dict[str, Any]):
+        super().__init__(alias, params)
+        location = params.get("LOCATION") or []
+        if isinstance(location, str):
+            location = [location]
+        self.locations: list[str] = list(location)
+        self.nodes = [Node(i, url) for i, url in enumerate(self.locations)]
+        self.quorum = len(self.nodes) // 2 + 1
+        opts = self.options
+        self.node_timeout = float(opts.get("NODE_TIMEOUT", 0.1))
+        self.connect_timeout = float(
+            opts.get("SOCKET_CONNECT_TIMEOUT", self.node_timeout)
+        )
+        self.drift_factor = float(opts.get("DRIFT_FACTOR", 0.01))
+        self.retry_jitter = float(opts.get("RETRY_JITTER", 0.02))
+        self.restart_delay = float(opts.get("RESTART_DELAY", self.default_ttl))
+        self.fence_retention_ms = ms(float(opts.get("FENCE_RETENTION", 3600)))
+        self._init_connections()
+
+    # -- checks -----------------------------------------------------------
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return system check messages for this backend's LOCKS entry."""
+        from django.core.checks import Error, Warning
+
+        where = f"LOCKS[{alias!r}]"
+        messages = []
+        options = params.get("OPTIONS") or {}
+        unknown = sorted(set(options) - cls.OPTION_KEYS)
+        if unknown:
+            messages.append(
+                Error(
+                    f"{where}['OPTIONS'] has unknown keys: {unknown}.",
+                    hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
+                    obj="settings.LOCKS",
+                    id="distlock.E009",
+                )
+            )
+        for key in (
+            "NODE_TIMEOUT",
+            "SOCKET_CONNECT_TIMEOUT",
+            "RETRY_JITTER",
+            "RESTART_DELAY",
+            "FENCE_RETENTION",
+            "DRIFT_FACTOR",
+        ):
+            if key not in options:
+                continue
+            value = options[key]
+            zero_ok = key in ("RETRY_JITTER", "RESTART_DELAY", "DRIFT_FACTOR")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value < 0
+                or (value == 0 and not zero_ok)
+            ):
+                messages.append(
+                    Error(
+                        f"{where}['OPTIONS'][{key!r}] must be a "
+                        f"{'non-negative' if zero_ok else 'positive'} number, "
+                        f"not {value!r}.",
+                        hint="Times are in seconds; DRIFT_FACTOR is a fraction "
+                        "of the TTL (default 0.01).",
+                        obj="settings.LOCKS",
+                        id="distlock.E009",
+                    )
+                )
+        location = params.get("LOCATION")
+        if not isinstance(location, (list, tuple)) or not all(
+            isinstance(url, str)
+            and url.startswith(("redis://", "rediss://", "unix://"))
+            for url in location
+        ):
+            messages.append(
+                Error(
+                    f"{where}['LOCATION'] must be a list of redis URLs, "
+                    f"not {location!r}.",
+                    hint="List one URL per independent Redis master, e.g. "
+                    "['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', "
+                    "'redis://10.0.0.3:6379'].",
+                    obj="settings.LOCKS",
+                    id="distlock.E004",
+                )
+            )
+            return messages
+        if len(location) < 3:
+            messages.append(
+                Error(
+                    f"{where} lists {len(location)} Redis node(s); Redlock "
+                    "needs at least 3.",
+                    hint="With fewer than 3 independent masters a single "
+                    "failure loses the quorum; use RedisLockBackend for one "
+                    "server, or list 3 or 5 masters.",
+                    obj="settings.LOCKS",
+                    id="distlock.E011",
+                )
+            )
+        elif len(location) % 2 == 0:
+            messages.append(
+                Warning(
+                    f"{where} lists an even number of Redis nodes ({len(location)}).",
+                    hint=f"{len(location)} nodes tolerate no more failures than "
+                    f"{len(location) - 1}; use an odd number.",
+                    obj="settings.LOCKS",
+                    id="distlock.W001",
+                )
+            )
+        if len(set(location)) != len(location):
+            messages.append(
+                Error(
+                    f"{where}['LOCATION'] lists the same node twice.",
+                    hint="Every URL must be a different, independent master.",
+                    obj="settings.LOCKS",
+                    id="distlock.E004",
+                )
+            )
+        return messages
+
+    # -- keys -------------------------------------------------------------
+
+    def keys_for(self, name: str) -> tuple[str, str, str, str]:
+        """Return (lease, counter, waiters, wake) keys of ``name`` on every node."""
+        return lock_keys(self.key_prefix, name)
+
+    def _wake_order(self, lease_key: str) -> list[int]:
+        # Every waiter of a lock blocks on the same node (one wake-up per
+        # release), and different locks spread over the nodes.
+        start = sum(lease_key.encode()) % len(self.nodes)
+        return [(start + i) % len(self.nodes) for i in range(len(self.nodes))]
+
+    # -- the contract -----------------------------------------------------
+
+    def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        """Renew every lease on every node in one pipelined round trip."""
+        leases = list(leases)
+        if not leases:
+            return []
+        return self._run(self._renew_steps(leases))
+
+    async def arenew(self, leases: Iterable[Lease]) -> list[bool | None]:
+        leases = list(leases)
+        if not leases:
+            return []
+        return await self._arun(self._renew_steps(leases))
