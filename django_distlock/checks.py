@@ -36,7 +36,7 @@ distlock.E022  A ``distributed_lock`` view's ``using=`` names no ``LOCKS`` alias
                (``decorators.py``).
 distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=`` or
                ``auto_renew=`` is invalid (``decorators.py``).
-distlock.E024  ``OPTIONS["CACHE"]`` with connection options of the lock's own beside
+distlock.E025  ``OPTIONS["CACHE"]`` with connection options of the lock's own beside
                it (``backends/redis/checks.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.

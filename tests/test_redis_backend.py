@@ -308,7 +308,7 @@ class TestCacheOption:
         options["SOCKET_TIMEOUT"] = 5
         options["CONNECTION_POOL_KWARGS"] = {}
         with override_settings(CACHES=caches_setting, LOCKS=locks_setting):
-            errors = [e for e in check_locks_setting() if e.id == "distlock.E024"]
+            errors = [e for e in check_locks_setting() if e.id == "distlock.E025"]
         assert len(errors) == 1
         assert "SOCKET_TIMEOUT" in errors[0].msg
         assert "CONNECTION_POOL_KWARGS" in errors[0].msg

@@ -121,7 +121,7 @@ def _check_cache(where: str, cache: Any, options: dict) -> list:
                 "would be ignored.",
                 f"Set them in CACHES[{cache!r}]['OPTIONS'] (e.g. SOCKET_TIMEOUT), "
                 "or drop CACHE and give the lock a LOCATION of its own.",
-                "distlock.E024",
+                "distlock.E025",
             )
         )
     return errors
