@@ -28,7 +28,7 @@ from collections import defaultdict
 
 from .backends.base import BaseLockBackend, Lease
 
-__all__ = ["async_watchdog", "report_lost", "watchdog"]
+__all__ = ["async_watchdog", "on_loss", "report_lost", "watchdog"]
 
 logger = logging.getLogger("django_distlock.renew")
 
@@ -45,15 +45,45 @@ def renewal_due(lease: Lease) -> float:
     return lease.deadline - lease.ttl * 2 / 3
 
 
+#: Lease -> callables to run once when it is reported lost (``held.lost``,
+#: ``on_lost="cancel"``). Most leases have none: nothing is stored for them.
+_loss_callbacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_loss_lock = threading.Lock()
+
+
+def on_loss(lease: Lease, callback) -> None:
+    """Call ``callback()`` once ``lease`` is reported lost (at once if it was)."""
+    with _loss_lock:
+        if not lease.lost_reported:
+            _loss_callbacks.setdefault(lease, []).append(callback)
+            return
+    callback()
+
+
+def discard_on_loss(lease: Lease, callback) -> None:
+    """Forget a callback given to :func:`on_loss` (if it has not run)."""
+    with _loss_lock:
+        callbacks = _loss_callbacks.get(lease)
+        if callbacks and callback in callbacks:
+            callbacks.remove(callback)
+
+
 def report_lost(backend: BaseLockBackend, lease: Lease, reason: str) -> None:
     """Mark ``lease`` lost; send ``lock_lost`` and log, once per lease."""
     lease.lost = True
-    if lease.lost_reported:
-        return
-    lease.lost_reported = True
+    with _loss_lock:
+        if lease.lost_reported:
+            return
+        lease.lost_reported = True
+        callbacks = _loss_callbacks.pop(lease, ())
     from .signals import lock_lost
 
     logger.warning("Lock %r on %r was lost: %s", lease.name, backend.alias, reason)
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            logger.exception("A loss callback of lock %r failed", lease.name)
     lock_lost.send(
         sender=type(backend),
         alias=backend.alias,
