@@ -171,6 +171,7 @@ class Lock(ContextDecorator):
         timeout: float | None = DEFAULT,
         auto_renew: bool | None = None,
         on_lost: str = "raise",
+        max_hold: float | None = DEFAULT,
     ):
         if not isinstance(name, str):
             raise TypeError(
@@ -182,6 +183,7 @@ class Lock(ContextDecorator):
             and auto_renew is None
             and using.__class__ is str
             and on_lost == "raise"
+            and max_hold is DEFAULT
         ):
             problems = option_problems(
                 using=using,
@@ -189,6 +191,7 @@ class Lock(ContextDecorator):
                 timeout=None if timeout is DEFAULT else timeout,
                 auto_renew=auto_renew,
                 on_lost=on_lost,
+                max_hold=None if max_hold is DEFAULT else max_hold,
             )
             if problems:
                 error, text = problems[0]
@@ -199,6 +202,7 @@ class Lock(ContextDecorator):
         self._timeout = timeout
         self._auto_renew = auto_renew
         self.on_lost = on_lost
+        self._max_hold = max_hold
         self._cancel_on_lost = on_lost == "cancel"
         self._leases: list[tuple[Lease, Any]] = []
         self._last_lease: Lease | None = None
@@ -236,6 +240,13 @@ class Lock(ContextDecorator):
         if self._auto_renew is None:
             return self.backend.auto_renew
         return self._auto_renew
+
+    @property
+    def max_hold(self) -> float | None:
+        """Seconds after acquisition when auto-renewal stops (None: never)."""
+        if self._max_hold is DEFAULT:
+            return self.backend.max_hold
+        return self._max_hold
 
     @property
     def lease(self) -> Lease | None:
@@ -472,6 +483,7 @@ class Lock(ContextDecorator):
             "timeout": self._timeout,
             "auto_renew": self._auto_renew,
             "on_lost": self.on_lost,
+            "max_hold": self._max_hold,
         }
 
     def __call__(self, func):
@@ -511,7 +523,10 @@ class Lock(ContextDecorator):
             # The thread renews sync leases; the loop's task renews async ones
             # (looked up only when it will be used).
             renewer = async_watchdog() if asynchronous else get_watchdog()
-            renewer.register(backend, lease)
+            max_hold = self._max_hold
+            if max_hold is DEFAULT:
+                max_hold = backend.max_hold
+            renewer.register(backend, lease, max_hold)
         self._leases.append((lease, renewer))
         if self._cancel_on_lost:
             task = running_task()
@@ -638,6 +653,7 @@ def lock(
     timeout: float | None = DEFAULT,
     auto_renew: bool | None = None,
     on_lost: str = "raise",
+    max_hold: float | None = DEFAULT,
 ) -> Lock:
     """Return a :class:`Lock` handle for ``name`` on the ``using`` alias.
 
@@ -651,6 +667,11 @@ def lock(
     the asyncio task running the block as soon as the loss is known, and
     ``async with`` then raises ``LockLost``. Either way ``held.lost`` is set
     at that moment.
+
+    ``max_hold`` bounds a hold that auto-renewal keeps alive: renewal stops
+    that many seconds after acquisition and the lease runs out (within one
+    ``ttl``), which is reported as a loss. It defaults to the alias's
+    ``MAX_HOLD``; None means no bound.
     """
     return Lock(
         name,
@@ -659,6 +680,7 @@ def lock(
         timeout=timeout,
         auto_renew=auto_renew,
         on_lost=on_lost,
+        max_hold=max_hold,
     )
 
 

@@ -62,11 +62,13 @@ def option_problems(
     timeout: Any,
     auto_renew: Any,
     on_lost: Any = "raise",
+    max_hold: Any = None,
 ) -> list[Problem]:
     """Return what is wrong with the options of a lock, as (class, text).
 
     An empty list means they are valid. ``timeout`` is the one to check
     (None: wait forever); ``ttl`` and ``auto_renew`` None mean the alias's.
+    ``max_hold`` is checked if given: None means no bound.
     """
     problems = []
     if not isinstance(using, str):
@@ -84,6 +86,11 @@ def option_problems(
         problems.append(
             (TypeError, f"auto_renew must be True, False or None, not {auto_renew!r}")
         )
+    if max_hold is not None:
+        problem = seconds_problem("max_hold", max_hold)
+        if problem:
+            error, text = problem
+            problems.append((error, text + " (or None: no bound)"))
     if on_lost not in ON_LOST_CHOICES or not isinstance(on_lost, str):
         problems.append(
             (ValueError, f"on_lost must be 'raise' or 'cancel', not {on_lost!r}")

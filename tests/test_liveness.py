@@ -150,3 +150,98 @@ def test_cancel_is_not_delivered_after_the_block(backend_kind):
         return threading.current_thread().name
 
     asyncio.run(scenario())
+
+
+# -- bounded holds (max_hold / MAX_HOLD) ----------------------------------
+
+
+def test_max_hold_is_validated():
+    with pytest.raises(ValueError, match=r"Lock 'x': max_hold must be a positive"):
+        lock("x", max_hold=0)
+    with pytest.raises(TypeError, match=r"Lock 'x': max_hold must be a number"):
+        lock("x", max_hold="60")
+    assert lock("x", max_hold=None).max_hold is None
+
+
+def test_max_hold_defaults_to_the_alias_setting(settings):
+    assert lock("x").max_hold is None
+    settings.LOCKS = {
+        "default": {
+            "BACKEND": "django_distlock.backends.locmem.LocMemLockBackend",
+            "MAX_HOLD": 90,
+        }
+    }
+    assert lock("x").max_hold == 90
+    assert lock("x", max_hold=None).max_hold is None
+    assert lock("x", max_hold=5).max_hold == 5
+
+
+def bounded_hold(kind: str, name: str, *, max_hold=None, asynchronous=False):
+    """Hold ``name`` past its bound; return (reason, seconds until the name
+    could be taken by another holder, seconds until held.lost was set)."""
+    from django_distlock.signals import lock_lost
+
+    from .contract import Recorder
+    from .workers import try_acquire
+
+    options = {} if max_hold is None else {"max_hold": max_hold}
+
+    def free_elsewhere() -> bool:
+        if kind == "locmem":
+            return try_acquire(name, 0) is not None
+        (token,) = run_in_processes(try_acquire, [(name, 0)])
+        return token is not None
+
+    with Recorder(lock_lost) as rec:
+        held = lock(name, ttl=TTL, **options)
+        started = time.monotonic()
+        with pytest.raises(LockLost):
+            with held:
+                assert held.lost.wait(PROMPTLY)
+                lost_after = time.monotonic() - started
+                assert free_elsewhere()
+                free_after = time.monotonic() - started
+        (event,) = rec.of(lock_lost)
+    return event["reason"], free_after, lost_after
+
+
+def test_max_hold_stops_renewal_and_reports_the_loss(backend_kind):
+    reason, free_after, lost_after = bounded_hold(
+        backend_kind, f"bounded-{backend_kind}", max_hold=1.5
+    )
+    assert "max_hold (1.5 s)" in reason
+    # Renewed up to the bound (else it would be lost after one TTL), and
+    # not much longer: it runs out within one TTL of the bound.
+    assert 1.5 <= lost_after < 1.5 + TTL + PROMPTLY
+    assert free_after >= lost_after
+
+
+def test_max_hold_setting_applies_to_every_lock_of_the_alias(settings):
+    settings.LOCKS = {
+        "default": {
+            "BACKEND": "django_distlock.backends.locmem.LocMemLockBackend",
+            "LOCATION": "max-hold-setting",
+            "MAX_HOLD": 1.2,
+        }
+    }
+    reason, _, lost_after = bounded_hold("locmem", "bounded-setting")
+    assert "max_hold (1.2 s)" in reason
+    assert lost_after >= 1.2
+
+
+def test_max_hold_cancels_an_on_lost_cancel_block():
+    async def scenario():
+        started = time.monotonic()
+        with pytest.raises(LockLost):
+            async with lock("bounded-async", ttl=TTL, max_hold=1, on_lost="cancel"):
+                await asyncio.sleep(PROMPTLY * 2)
+        return time.monotonic() - started
+
+    assert 1 <= asyncio.run(scenario()) < PROMPTLY
+
+
+def test_without_max_hold_renewal_goes_on():
+    with lock("unbounded", ttl=0.5) as held:
+        time.sleep(2.0)
+        assert held.locked()
+        assert not held.lost.is_set()
