@@ -42,6 +42,8 @@ distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.
 distlock.W004  ``AUTO_RENEW`` with a ``TTL`` under ``TINY_TTL`` seconds and no
                ``MAX_HOLD``: a stuck holder keeps the name forever.
+distlock.W005  The DB backend with ``WAIT = "notify"`` behind a transaction
+               pooler (``DISABLE_SERVER_SIDE_CURSORS``): waiters poll.
 =============  ==============================================================
 """
 
