@@ -70,8 +70,16 @@ PGBOUNCER = {
     "DISABLE_SERVER_SIDE_CURSORS": True,
     "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
 }
+# The same PostgreSQL through tests/faultproxy.py, which loses replies on
+# demand (tests/test_in_doubt.py sets the port at run time).
+PROXIED = {
+    **POSTGRES,
+    "PORT": os.environ.get("DISTLOCK_PROXY_PORT", "6433"),
+    "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
+}
 DATABASES = {
     "default": _main,
+    "proxied": PROXIED,
     "postgres": POSTGRES,
     "mysql": MYSQL,
     "pgbouncer": PGBOUNCER,

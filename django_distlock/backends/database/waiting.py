@@ -13,6 +13,7 @@ import logging
 import math
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Generator
 from typing import Any
@@ -30,6 +31,9 @@ MIN_BACKOFF = 0.001
 #: Longest wait for a notification before trying again anyway, seconds: it
 #: bounds the delay after a release by a process that does not notify.
 NOTIFY_SAFETY_WAIT = 1.0
+#: First and longest pause between two tries to cancel an acquisition whose
+#: outcome is unknown, seconds.
+CANCEL_RETRY = (0.02, 0.2)
 
 #: The polling loop as a generator of ``(kind, argument)`` steps, driven by
 #: :meth:`WaitingMixin._run` or :meth:`WaitingMixin._arun`.
@@ -104,13 +108,13 @@ class WaitingMixin:
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         args = (name, digest, token, ttl, identity)
         sent = time.monotonic()
-        fence, hint = self._call("acquire", self._attempt, *args)
+        fence, hint = self._try_acquire(args, self._attempt)
         if fence is None and timeout != 0:
             try:
                 while fence is None and not (handoff and handoff.abandoned):
                     sent = time.monotonic()
-                    fence, hint = self._call(
-                        "acquire", self._listen_and_attempt, channel, *args
+                    fence, hint = self._try_acquire(
+                        args, self._listen_and_attempt, channel
                     )
                     left = deadline - time.monotonic()
                     if fence is not None or left <= 0:
@@ -178,7 +182,7 @@ class WaitingMixin:
             except StopIteration as stop:
                 return stop.value
             if kind == "attempt":
-                reply = self._call("acquire", self._attempt, *arg)
+                reply = self._try_acquire(arg, self._attempt)
             else:
                 time.sleep(arg)
                 reply = None
@@ -209,8 +213,61 @@ class WaitingMixin:
                 self._give_back(digest, token)
 
         return await Handoff(undo).arun(
-            self._call, "acquire", self._attempt, name, digest, token, *args
+            self._try_acquire, (name, digest, token, *args), self._attempt
         )
+
+    # -- acquisitions whose outcome is unknown ----------------------------
+
+    def _try_acquire(
+        self, args: tuple, attempt: Callable[..., Any], *before: Any
+    ) -> tuple[int | None, float]:
+        """Run one ``attempt(cursor, *before, *args)``.
+
+        If it fails, the server may still have granted the lock: the request
+        went out and the reply (a COMMIT's included) never came back. Nobody
+        would hold that grant, so it is cancelled in the background with the
+        attempt's token (which no other holder has).
+        """
+        try:
+            return self._call("acquire", attempt, *before, *args)
+        except LockBackendError:
+            _name, digest, token, ttl = args[:4]
+            self._cancel_in_doubt(digest, token, ttl)
+            raise
+
+    def _cancel_in_doubt(self, digest: str, token: str, ttl: float) -> None:
+        """Drop the grant of ``token``, if there is one, from a thread.
+
+        Tried until the database answers, or until the grant would have
+        expired anyway.
+        """
+        give_up = time.monotonic() + ttl
+
+        def cancel() -> None:
+            pause, longest = CANCEL_RETRY
+            while True:
+                try:
+                    dropped = self._call("cancel", self._drop_once, digest, token)
+                except LockBackendError:
+                    if time.monotonic() + pause >= give_up:
+                        release_log.warning(
+                            "An acquisition whose outcome is unknown could not "
+                            "be cancelled; its grant, if any, has expired.",
+                            exc_info=True,
+                        )
+                        return
+                    time.sleep(pause)
+                    pause = min(pause * 2, longest)
+                    continue
+                if dropped:
+                    release_log.info(
+                        "Cancelled an acquisition whose reply was lost "
+                        "(database lock backend %r)",
+                        self.alias,
+                    )
+                return
+
+        threading.Thread(target=cancel, name="distlock-db-cancel", daemon=True).start()
 
     def _give_back(self, digest: str, token: str) -> None:
         """Release a lease that no handle knows about (its task was cancelled)."""
