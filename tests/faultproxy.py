@@ -32,10 +32,13 @@ class DropReplyProxy:
         self.dropped = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
-    def drop_next_reply(self, *, then_refuse: bool = True) -> None:
-        """Swallow the answer to the next request sent on any connection."""
+    def drop_next_reply(self, match=None, *, then_refuse: bool = True) -> None:
+        """Swallow the answer to the next request sent on any connection
+        (the next one for which ``match(data)`` is true, if given), then
+        refuse new connections unless ``then_refuse`` is False."""
         with self._lock:
             self._drop_armed = True
+            self._match = match
             self.dropped.clear()
             self._refuse_after_drop = then_refuse
 
@@ -93,7 +96,9 @@ class DropReplyProxy:
                     break
                 if from_client:
                     with self._lock:
-                        if self._drop_armed:
+                        if self._drop_armed and (
+                            self._match is None or self._match(data)
+                        ):
                             self._drop_armed = False
                             pair["swallow"] = True
                             if self._refuse_after_drop:

@@ -9,6 +9,7 @@ server answers again, instead of leaving the name blocked for a whole TTL.
 
 from __future__ import annotations
 
+import struct
 import time
 
 import pytest
@@ -87,3 +88,76 @@ def test_database_grant_whose_reply_was_lost_is_cancelled(proxied_postgres):
             print(f"free again {seconds:.3f} s after the server answered")
         finally:
             locks.reset()
+
+
+# -- ZooKeeper ----------------------------------------------------------------
+
+ZK_BACKEND = "django_distlock.backends.zookeeper.ZooKeeperLockBackend"
+#: ZooKeeper request types (the int after a request's length and xid).
+ZK_CREATE2, ZK_SET_DATA = 15, 5
+#: Left alone, a lost create's node blocks the name for its waiter window
+#: (5 s), a lost holder write's for the TTL: generous, but well under both.
+PROMPTLY_ZK = 2.5
+
+
+def zk_request(kind: int):
+    """Return a predicate matching a client packet that is a ``kind`` request."""
+
+    def match(data: bytes) -> bool:
+        return len(data) >= 12 and struct.unpack(">i", data[8:12])[0] == kind
+
+    return match
+
+
+@pytest.fixture(scope="module")
+def zookeeper():
+    from .cluster_servers import ZooKeeperServer
+
+    server = ZooKeeperServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "request_kind",
+    [
+        pytest.param(ZK_CREATE2, id="create-lost"),
+        pytest.param(ZK_SET_DATA, id="holder-write-lost"),
+    ],
+)
+def test_zookeeper_node_whose_reply_was_lost_is_deleted(zookeeper, request_kind):
+    """The contender node created (or made the holder) by a request whose
+    reply was lost is found by its token and deleted once ZooKeeper answers:
+    not left to its waiter window, or to the lease's TTL."""
+    proxy = DropReplyProxy("127.0.0.1", zookeeper.port)
+    options = {"SESSION_TIMEOUT": 10}
+    setting = {
+        "default": {
+            "BACKEND": ZK_BACKEND,
+            "LOCATION": f"127.0.0.1:{proxy.port}",
+            "OPTIONS": options,
+        },
+        "direct": {
+            "BACKEND": ZK_BACKEND,
+            "LOCATION": zookeeper.hosts,
+            "OPTIONS": options,
+        },
+    }
+    try:
+        with override_settings(LOCKS=setting):
+            try:
+                assert is_free("zk-in-doubt", "default")  # session and node dir
+                proxy.drop_next_reply(zk_request(request_kind))
+                with pytest.raises(LockBackendError):
+                    lock("zk-in-doubt", ttl=TTL, timeout=0).acquire()
+                assert proxy.dropped.is_set()
+                assert not is_free("zk-in-doubt", "direct")
+                time.sleep(0.3)
+                proxy.accept()  # ZooKeeper can be reached again
+                seconds = free_after("zk-in-doubt", "direct", PROMPTLY_ZK)
+                assert seconds is not None, "the node was left behind"
+                print(f"free again {seconds:.3f} s after ZooKeeper was reachable")
+            finally:
+                locks.reset()
+    finally:
+        proxy.close()
