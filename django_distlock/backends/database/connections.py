@@ -159,6 +159,10 @@ _backends: weakref.WeakSet = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for backend in list(_backends):
         backend._forget_connections()
+        # The parent's canceller thread is not running here.
+        backend._in_doubt = []
+        backend._in_doubt_cond = threading.Condition()
+        backend._in_doubt_thread = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -184,6 +188,13 @@ class ConnectionsMixin:
         self._prepared = False
         self._pooled = False
         self._dialect: Dialect | None = None
+        #: Driver errors after which an acquisition's outcome is unknown
+        #: (the connection failed with the request out), and the queue of
+        #: grants to cancel (see WaitingMixin._try_acquire).
+        self._in_doubt_errors: tuple[type[Exception], ...] = ()
+        self._in_doubt: list[tuple[str, str, float]] = []
+        self._in_doubt_cond = threading.Condition()
+        self._in_doubt_thread: threading.Thread | None = None
         _backends.add(self)
 
     def _setup(self) -> None:
@@ -202,6 +213,15 @@ class ConnectionsMixin:
                 ) from None
             table = wrapper.ops.quote_name(TABLE)
             self._integrity_error = wrapper.Database.IntegrityError
+            if wrapper.vendor != "sqlite":  # in-process: no reply to lose
+                from django.db import utils
+
+                self._in_doubt_errors = (
+                    wrapper.Database.OperationalError,
+                    wrapper.Database.InterfaceError,
+                    utils.OperationalError,  # raised by Django's connect()
+                    utils.InterfaceError,
+                )
             self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
             self._prepared = _can_prepare(wrapper)
             self._pooled = transaction_pooled(wrapper.vendor, wrapper.settings_dict)

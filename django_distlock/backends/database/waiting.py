@@ -33,7 +33,7 @@ MIN_BACKOFF = 0.001
 NOTIFY_SAFETY_WAIT = 1.0
 #: First and longest pause between two tries to cancel an acquisition whose
 #: outcome is unknown, seconds.
-CANCEL_RETRY = (0.02, 0.2)
+CANCEL_RETRY = (0.02, 0.1)
 
 #: The polling loop as a generator of ``(kind, argument)`` steps, driven by
 #: :meth:`WaitingMixin._run` or :meth:`WaitingMixin._arun`.
@@ -61,6 +61,10 @@ class WaitingMixin:
     _attempt: Callable[..., tuple[int | None, float]]
     _digest: Callable[[str], str]
     _drop_once: Callable[..., bool]
+    _in_doubt_errors: tuple[type[Exception], ...]
+    _in_doubt: list[tuple[str, str, float]]
+    _in_doubt_cond: threading.Condition
+    _in_doubt_thread: threading.Thread | None
 
     # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
 
@@ -223,51 +227,63 @@ class WaitingMixin:
     ) -> tuple[int | None, float]:
         """Run one ``attempt(cursor, *before, *args)``.
 
-        If it fails, the server may still have granted the lock: the request
-        went out and the reply (a COMMIT's included) never came back. Nobody
-        would hold that grant, so it is cancelled in the background with the
-        attempt's token (which no other holder has).
+        If the connection failed under it, the server may still have granted
+        the lock: the request went out and the reply (a COMMIT's included)
+        never came back. Nobody would hold that grant, so it is cancelled in
+        the background with the attempt's token (which no other holder has).
         """
         try:
             return self._call("acquire", attempt, *before, *args)
-        except LockBackendError:
-            _name, digest, token, ttl = args[:4]
-            self._cancel_in_doubt(digest, token, ttl)
+        except LockBackendError as e:
+            if isinstance(e.__cause__, self._in_doubt_errors):
+                _name, digest, token, ttl = args[:4]
+                self._cancel_in_doubt(digest, token, ttl)
             raise
 
     def _cancel_in_doubt(self, digest: str, token: str, ttl: float) -> None:
-        """Drop the grant of ``token``, if there is one, from a thread.
+        """Queue the grant of ``token``, if there is one, to be dropped.
 
-        Tried until the database answers, or until the grant would have
-        expired anyway.
+        One thread per backend works through the queue, trying each again
+        until the database answers, or until its grant would have expired
+        anyway.
         """
-        give_up = time.monotonic() + ttl
+        with self._in_doubt_cond:
+            self._in_doubt.append((digest, token, time.monotonic() + ttl))
+            if self._in_doubt_thread is None or not self._in_doubt_thread.is_alive():
+                self._in_doubt_thread = threading.Thread(
+                    target=self._cancel_queued, name="distlock-db-cancel", daemon=True
+                )
+                self._in_doubt_thread.start()
+            else:
+                self._in_doubt_cond.notify()
 
-        def cancel() -> None:
-            pause, longest = CANCEL_RETRY
-            while True:
+    def _cancel_queued(self) -> None:
+        pause, longest = CANCEL_RETRY
+        while True:
+            with self._in_doubt_cond:
+                items, self._in_doubt = self._in_doubt, []
+                if not items:
+                    self._in_doubt_thread = None
+                    return
+            retry = []
+            for digest, token, give_up in items:
                 try:
-                    dropped = self._call("cancel", self._drop_once, digest, token)
-                except LockBackendError:
-                    if time.monotonic() + pause >= give_up:
-                        release_log.warning(
-                            "An acquisition whose outcome is unknown could not "
-                            "be cancelled; its grant, if any, has expired.",
-                            exc_info=True,
+                    if self._call("cancel", self._drop_once, digest, token):
+                        release_log.info(
+                            "Cancelled an acquisition whose reply was lost "
+                            "(database lock backend %r)",
+                            self.alias,
                         )
-                        return
-                    time.sleep(pause)
-                    pause = min(pause * 2, longest)
-                    continue
-                if dropped:
-                    release_log.info(
-                        "Cancelled an acquisition whose reply was lost "
-                        "(database lock backend %r)",
-                        self.alias,
-                    )
-                return
-
-        threading.Thread(target=cancel, name="distlock-db-cancel", daemon=True).start()
+                except LockBackendError:
+                    if time.monotonic() < give_up:
+                        retry.append((digest, token, give_up))
+            if not retry:
+                pause = CANCEL_RETRY[0]
+                continue
+            with self._in_doubt_cond:
+                self._in_doubt[:0] = retry
+                self._in_doubt_cond.wait(pause)  # a new entry wakes it early
+            pause = min(pause * 2, longest)
 
     def _give_back(self, digest: str, token: str) -> None:
         """Release a lease that no handle knows about (its task was cancelled)."""
