@@ -245,3 +245,24 @@ def test_without_max_hold_renewal_goes_on():
         time.sleep(2.0)
         assert held.locked()
         assert not held.lost.is_set()
+
+
+def test_decorated_coroutine_with_on_lost_cancel_raises_lock_lost():
+    """Each call of a decorated coroutine function takes the lock afresh,
+    with the same on_lost."""
+    name = "lost-decorated"
+
+    @lock(name, ttl=TTL, on_lost="cancel")
+    async def job(ready: asyncio.Event):
+        ready.set()
+        await asyncio.sleep(PROMPTLY * 2)
+
+    async def scenario():
+        ready = asyncio.Event()
+        task = asyncio.create_task(job(ready))
+        await ready.wait()
+        await asyncio.to_thread(take_over, "locmem", name)
+        with pytest.raises(LockLost):
+            await task
+
+    asyncio.run(scenario())
