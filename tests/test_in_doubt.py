@@ -9,8 +9,10 @@ server answers again, instead of leaving the name blocked for a whole TTL.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
+from unittest import mock
 
 import pytest
 from django.db import connections
@@ -88,6 +90,41 @@ def test_database_grant_whose_reply_was_lost_is_cancelled(proxied_postgres):
             print(f"free again {seconds:.3f} s after the server answered")
         finally:
             locks.reset()
+
+
+def is_acquire(data: bytes) -> bool:
+    """Match the acquiring UPDATE, sent unprepared (its SQL text included)."""
+    return b"SET token = " in data and b"UPDATE" in data
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres", "proxied"])
+def test_database_async_grant_whose_reply_was_lost_is_cancelled(proxied_postgres):
+    """The same through aacquire(), whose attempts run in worker threads."""
+    proxy = proxied_postgres
+    setting = {
+        "default": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": "proxied"}},
+        "direct": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": "postgres"}},
+    }
+    unprepared = {"DISABLE_SERVER_SIDE_CURSORS": True}
+    with mock.patch.dict(connections["proxied"].settings_dict, unprepared):
+        with override_settings(LOCKS=setting):
+            try:
+                assert is_free("in-doubt-async", "direct")  # its row exists
+                proxy.drop_next_reply(is_acquire)
+
+                async def attempt() -> None:
+                    await lock("in-doubt-async", ttl=TTL, timeout=0).aacquire()
+
+                with pytest.raises(LockBackendError):
+                    asyncio.run(attempt())
+                assert proxy.dropped.is_set()
+                assert not is_free("in-doubt-async", "direct")
+                proxy.accept()
+                seconds = free_after("in-doubt-async", "direct", PROMPTLY)
+                assert seconds is not None, "the grant was left to expire"
+            finally:
+                locks.reset()
 
 
 # -- ZooKeeper ----------------------------------------------------------------
