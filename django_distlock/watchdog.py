@@ -123,6 +123,8 @@ class _Schedule:
             # From just before the acquiring request, as the deadline is.
             started = lease.deadline - lease.ttl
             self.bounds[id(lease)] = (started + max_hold, max_hold, False)
+        else:  # an id may be reused before a collected lease's entry goes
+            self.bounds.pop(id(lease), None)
         return self._schedule(backend, lease)
 
     def remove(self, lease: Lease) -> None:
