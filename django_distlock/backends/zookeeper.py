@@ -379,7 +379,8 @@ class ZooKeeperLockBackend(BaseLockBackend):
         until the session (and its ephemeral nodes) or the lease would have
         ended anyway.
         """
-        from kazoo.exceptions import KazooException, NoNodeError
+        from kazoo.exceptions import NoNodeError
+        from kazoo.protocol.states import KazooState
 
         client = self._client
         directory = self._dir(name)
@@ -388,18 +389,26 @@ class ZooKeeperLockBackend(BaseLockBackend):
 
         def remove() -> None:
             pause = 0.02
-            while time.monotonic() < give_up and client.state != "LOST":
+            while client.state != KazooState.LOST:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return
                 try:
-                    for child in client.get_children(directory):
+                    # Queued by kazoo until it is connected again; bounded,
+                    # so that a client that gives up reconnecting ends this.
+                    children = client.get_children_async(directory).get(timeout=left)
+                    for child in children:
                         if child.startswith(prefix):
                             try:
-                                client.delete(f"{directory}/{child}")
+                                client.delete_async(f"{directory}/{child}").get(
+                                    timeout=left
+                                )
                             except NoNodeError:
                                 pass
                     return
                 except NoNodeError:
                     return
-                except KazooException:
+                except Exception:  # noqa: BLE001 - connection trouble: again
                     time.sleep(pause)
                     pause = min(pause * 2, 0.2)
 
