@@ -34,13 +34,18 @@ distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a rout
 distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).
 distlock.E022  A ``distributed_lock`` view's ``using=`` names no ``LOCKS`` alias
                (``decorators.py``).
-distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=`` or
-               ``auto_renew=`` is invalid (``decorators.py``).
+distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=``,
+               ``auto_renew=`` or ``max_hold=`` is invalid (``decorators.py``).
+distlock.E024  ``MAX_HOLD`` is not None or a positive number.
 distlock.E025  ``OPTIONS["CACHE"]`` with connection options of the lock's own beside
                it (``backends/redis/checks.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.
+distlock.W004  ``AUTO_RENEW`` with a ``TTL`` under ``TINY_TTL`` seconds and no
+               ``MAX_HOLD``: a stuck holder keeps the name forever.
+distlock.W005  The DB backend with ``WAIT = "notify"`` behind a transaction
+               pooler (``DISABLE_SERVER_SIDE_CURSORS``): waiters poll.
 =============  ==============================================================
 """
 
@@ -51,7 +56,7 @@ import math
 from numbers import Real
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
@@ -65,8 +70,11 @@ KNOWN_KEYS = {
     "AUTO_RENEW",
     "KEY_PREFIX",
     "OPTIONS",
+    "MAX_HOLD",
 }
 OBJ = "settings.LOCKS"
+#: A TTL below this many seconds, renewed with no MAX_HOLD, draws distlock.W004.
+TINY_TTL = 1.0
 
 
 def _error(id_: str, msg: str, hint: str) -> Error:
@@ -233,6 +241,36 @@ def _check_entry(alias, params):
                 "distlock.E007",
                 f"{where}['AUTO_RENEW'] must be True or False.",
                 "Leave it out to renew held leases automatically.",
+            )
+        )
+    max_hold = params.get("MAX_HOLD")
+    if max_hold is not None and (
+        not _is_number(max_hold) or not (max_hold > 0 and math.isfinite(max_hold))
+    ):
+        errors.append(
+            _error(
+                "distlock.E024",
+                f"{where}['MAX_HOLD'] must be None or a positive number of "
+                f"seconds, not {max_hold!r}.",
+                "For example 'MAX_HOLD': 600, to stop renewing a lease after "
+                "10 minutes; None (the default) never stops.",
+            )
+        )
+    elif (
+        max_hold is None
+        and params.get("AUTO_RENEW", True) is True
+        and _is_number(ttl)
+        and 0 < ttl < TINY_TTL
+    ):
+        errors.append(
+            Warning(
+                f"{where} renews a TTL of {ttl!r} s with no MAX_HOLD: a holder "
+                "stuck in its block keeps the name for as long as its process "
+                "lives.",
+                hint="Set MAX_HOLD (the longest a lock may be held, in seconds), "
+                "or a TTL of at least 1 s if the short TTL was meant as the bound.",
+                obj=OBJ,
+                id="distlock.W004",
             )
         )
     if not isinstance(params.get("KEY_PREFIX", ""), str):

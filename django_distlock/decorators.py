@@ -16,7 +16,8 @@ System checks: ``distlock.E020`` when a name template's ``<placeholder>``
 matches no URL kwarg of a route to the view (the request would fail with
 ImproperlyConfigured), ``distlock.E021`` when ``DISTLOCK_LOCKED_VIEW`` cannot
 be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
-``distlock.E023`` when ``ttl=``, ``timeout=`` or ``auto_renew=`` is invalid
+``distlock.E023`` when ``ttl=``, ``timeout=``, ``auto_renew=`` or ``max_hold=``
+is invalid
 (those two also fail the request, should it come).
 """
 
@@ -42,6 +43,7 @@ from django.utils.module_loading import import_string
 from .exceptions import LockBackendError, LockLost, LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import (
+    DEFAULT,
     RELEASE_ON_COMMIT,
     RELEASE_ON_EXIT,
     Lock,
@@ -185,6 +187,7 @@ def distributed_lock(
     ttl: float | None = None,
     timeout: float | None = 0,
     auto_renew: bool | None = None,
+    max_hold: float | None = DEFAULT,
     on_locked: LockedHandler | None = None,
     release: str = RELEASE_ON_COMMIT,
     database: str = DEFAULT_DB_ALIAS,
@@ -199,7 +202,7 @@ def distributed_lock(
     with no matching URL kwarg raises ImproperlyConfigured naming the
     placeholder and the view.
 
-    ``using``, ``ttl``, ``timeout`` and ``auto_renew`` are those of
+    ``using``, ``ttl``, ``timeout``, ``auto_renew`` and ``max_hold`` are those of
     :func:`~django_distlock.lock`, except that ``timeout`` defaults to 0, not
     to the alias's ``TIMEOUT``: a busy resource answers at once instead of
     tying up a worker; an explicit ``timeout`` waits as ``lock()`` does. If
@@ -247,7 +250,11 @@ def distributed_lock(
     problems = [
         text
         for _, text in option_problems(
-            using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew
+            using=using,
+            ttl=ttl,
+            timeout=timeout,
+            auto_renew=auto_renew,
+            max_hold=None if max_hold is DEFAULT else max_hold,
         )
     ]
     described = _describe(template_or_callable)
@@ -266,6 +273,7 @@ def distributed_lock(
                 "ttl": ttl,
                 "timeout": timeout,
                 "auto_renew": auto_renew,
+                "max_hold": max_hold,
             }
             if release == RELEASE_ON_COMMIT and not asynchronous:
                 return OnCommitLock(name, database=database, **options)
@@ -352,7 +360,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
 
     ``<name>`` placeholders that no URL pattern of the view provides
     (distlock.E020), an unknown ``using=`` alias (E022), a bad ``ttl=``,
-    ``timeout=`` or ``auto_renew=`` (E023).
+    ``timeout=``, ``auto_renew=`` or ``max_hold=`` (E023).
     """
     from django.urls import URLPattern, URLResolver, get_resolver
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
@@ -23,9 +24,15 @@ from .exceptions import (
 from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
 from .options import option_problems, seconds_problem, timeout_problem
 from .signals import lock_acquired, lock_contended, lock_error, lock_released
-from .watchdog import async_watchdog, get_watchdog, report_lost
+from .watchdog import (
+    async_watchdog,
+    discard_on_loss,
+    get_watchdog,
+    on_loss,
+    report_lost,
+)
 
-__all__ = ["Lock", "OnCommitLock", "lock", "lock_for"]
+__all__ = ["Lock", "LossEvent", "OnCommitLock", "lock", "lock_for"]
 
 acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
@@ -53,6 +60,91 @@ DEFAULT: Any = _Default()
 _held_by: WeakKeyDictionary = WeakKeyDictionary()
 
 
+class LossEvent:
+    """Set once the lease it watches is known lost: ``held.lost``.
+
+    A read-only :class:`threading.Event`: check it with :meth:`is_set` between
+    steps of long work, or block on it with :meth:`wait`. It is set when the
+    loss is known (the watchdog's renewal finds the lease gone, the backend
+    stayed unreachable until the lease expired, or a call of the handle
+    found it gone), never cleared.
+    """
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def is_set(self) -> bool:
+        """Return True once the lease is known lost."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the lease is known lost or ``timeout`` passes.
+
+        Return :meth:`is_set`, like :meth:`threading.Event.wait`.
+        """
+        return self._event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<LossEvent {'set' if self.is_set() else 'unset'}>"
+
+
+#: Lease -> its LossEvent, made the first time ``held.lost`` is read.
+_loss_events: WeakKeyDictionary = WeakKeyDictionary()
+_loss_events_lock = threading.Lock()
+
+
+def _loss_event(lease: Lease) -> LossEvent:
+    with _loss_events_lock:
+        event = _loss_events.get(lease)
+        if event is None:
+            event = _loss_events[lease] = LossEvent()
+            on_loss(lease, event._event.set)
+    return event
+
+
+class _Canceller:
+    """Cancel the task holding a lease when the lease is reported lost
+    (``on_lost="cancel"``), unless the task has left the block since."""
+
+    __slots__ = ("task", "loop", "active", "fired", "__weakref__")
+
+    def __init__(self, task: asyncio.Task) -> None:
+        self.task = task
+        self.loop = task.get_loop()
+        self.active = True
+        self.fired = False
+
+    def __call__(self) -> None:
+        if not self.active or running_task() is self.task:
+            # The task itself found the loss (extend, release): it gets LockLost.
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self.cancel()
+        else:
+            try:
+                self.loop.call_soon_threadsafe(self.cancel)
+            except RuntimeError:  # the loop is closed: no task left to stop
+                pass
+
+    def cancel(self) -> None:
+        # Run on the task's loop: ``active`` is cleared there, before the
+        # first await of leaving the block, so the cancellation can only
+        # land inside the block.
+        if self.active and not self.task.done():
+            self.fired = True
+            self.task.cancel()
+
+
+#: Lease -> the _Canceller of its task, for handles with on_lost="cancel".
+_cancellers: WeakKeyDictionary = WeakKeyDictionary()
+
+
 def _caller() -> tuple[int, int]:
     """Return (thread ident, id of the running asyncio task or 0)."""
     task = running_task()
@@ -78,6 +170,8 @@ class Lock(ContextDecorator):
         ttl: float | None = None,
         timeout: float | None = DEFAULT,
         auto_renew: bool | None = None,
+        on_lost: str = "raise",
+        max_hold: float | None = DEFAULT,
     ):
         if not isinstance(name, str):
             raise TypeError(
@@ -88,12 +182,16 @@ class Lock(ContextDecorator):
             and timeout is DEFAULT
             and auto_renew is None
             and using.__class__ is str
+            and on_lost == "raise"
+            and max_hold is DEFAULT
         ):
             problems = option_problems(
                 using=using,
                 ttl=ttl,
                 timeout=None if timeout is DEFAULT else timeout,
                 auto_renew=auto_renew,
+                on_lost=on_lost,
+                max_hold=None if max_hold is DEFAULT else max_hold,
             )
             if problems:
                 error, text = problems[0]
@@ -103,7 +201,11 @@ class Lock(ContextDecorator):
         self._ttl = ttl
         self._timeout = timeout
         self._auto_renew = auto_renew
+        self.on_lost = on_lost
+        self._max_hold = max_hold
+        self._cancel_on_lost = on_lost == "cancel"
         self._leases: list[tuple[Lease, Any]] = []
+        self._last_lease: Lease | None = None
 
     def __repr__(self) -> str:
         state = "held" if self._leases else "unheld"
@@ -140,9 +242,29 @@ class Lock(ContextDecorator):
         return self._auto_renew
 
     @property
+    def max_hold(self) -> float | None:
+        """Seconds after acquisition when auto-renewal stops (None: never)."""
+        if self._max_hold is DEFAULT:
+            return self.backend.max_hold
+        return self._max_hold
+
+    @property
     def lease(self) -> Lease | None:
         """The innermost lease this handle holds, or None."""
         return self._leases[-1][0] if self._leases else None
+
+    @property
+    def lost(self) -> LossEvent:
+        """The :class:`LossEvent` of the held lease (else of the last one held).
+
+        Set as soon as the lease is known lost, while the block still runs:
+        synchronous work checks ``held.lost.is_set()`` (or waits on it) to
+        stop early. Unset on a handle that never held the lock.
+        """
+        lease = self.lease or self._last_lease
+        if lease is None:
+            return LossEvent()
+        return _loss_event(lease)
 
     @property
     def fencing_token(self) -> int | None:
@@ -171,6 +293,12 @@ class Lock(ContextDecorator):
         ``blocking=False`` tries once. Raise LockBackendError if the backend
         cannot be reached.
         """
+        if self._cancel_on_lost:
+            raise TypeError(
+                f"Lock {self.name!r}: on_lost='cancel' cancels the asyncio task "
+                "holding the lock, and synchronous code has none; use 'async with', "
+                "or check held.lost in synchronous code."
+            )
         backend = self.backend
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
@@ -311,6 +439,25 @@ class Lock(ContextDecorator):
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
+        canceller = None
+        if self._cancel_on_lost and self._leases:
+            canceller = _cancellers.get(self._leases[-1][0])
+        if canceller is not None and canceller.fired:
+            canceller.active = False
+            uncancel = getattr(canceller.task, "uncancel", None)  # Python 3.11+
+            others = uncancel() if uncancel is not None else 0
+            if (
+                exc_type is not None
+                and issubclass(exc_type, asyncio.CancelledError)
+                and not others
+            ):
+                # The cancellation was ours: the caller gets the loss it
+                # stands for, not a CancelledError it never asked for.
+                backend, lease = self._pop()
+                try:
+                    self._lost(backend, lease, "the lease was lost while the block ran")
+                except LockLost as lost:
+                    raise lost from exc
         try:
             # arelease(), inlined: one coroutine less per cycle.
             backend, lease = self._pop()
@@ -330,13 +477,17 @@ class Lock(ContextDecorator):
 
     def _recreate_cm(self) -> Lock:
         # A handle keeps state, so every decorated call gets a fresh one.
-        return Lock(
-            self.name,
-            using=self.using,
-            ttl=self._ttl,
-            timeout=self._timeout,
-            auto_renew=self._auto_renew,
-        )
+        return Lock(self.name, **self._options())
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "using": self.using,
+            "ttl": self._ttl,
+            "timeout": self._timeout,
+            "auto_renew": self._auto_renew,
+            "on_lost": self.on_lost,
+            "max_hold": self._max_hold,
+        }
 
     def __call__(self, func):
         if iscoroutinefunction(func):
@@ -375,8 +526,16 @@ class Lock(ContextDecorator):
             # The thread renews sync leases; the loop's task renews async ones
             # (looked up only when it will be used).
             renewer = async_watchdog() if asynchronous else get_watchdog()
-            renewer.register(backend, lease)
+            max_hold = self._max_hold
+            if max_hold is DEFAULT:
+                max_hold = backend.max_hold
+            renewer.register(backend, lease, max_hold)
         self._leases.append((lease, renewer))
+        if self._cancel_on_lost:
+            task = running_task()
+            if task is not None:
+                canceller = _cancellers[lease] = _Canceller(task)
+                on_loss(lease, canceller)
         if not backend.reentrant:
             _held_by[lease] = (backend.alias, self.name, *_caller())
         if lock_acquired.receivers:  # skip building the call when nobody listens
@@ -470,7 +629,13 @@ class Lock(ContextDecorator):
         lease, renewer = self._leases[-1]
         lease.check_owner_process()
         self._leases.pop()
+        self._last_lease = lease
         _held_by.pop(lease, None)
+        if self._cancel_on_lost:
+            canceller = _cancellers.pop(lease, None)
+            if canceller is not None:
+                canceller.active = False
+                discard_on_loss(lease, canceller)
         if renewer is not None:
             renewer.unregister(lease)
         return self.backend, lease
@@ -501,6 +666,8 @@ def lock(
     ttl: float | None = None,
     timeout: float | None = DEFAULT,
     auto_renew: bool | None = None,
+    on_lost: str = "raise",
+    max_hold: float | None = DEFAULT,
 ) -> Lock:
     """Return a :class:`Lock` handle for ``name`` on the ``using`` alias.
 
@@ -508,8 +675,27 @@ def lock(
     the lock (None: forever, 0: try once), ``auto_renew`` whether the lease
     is renewed in the background while held. Each defaults to the alias's
     ``LOCKS`` setting.
+
+    ``on_lost`` says what a lease lost while the block runs does: ``"raise"``
+    reports it when the block ends (``LockLost``); ``"cancel"`` also cancels
+    the asyncio task running the block as soon as the loss is known, and
+    ``async with`` then raises ``LockLost``. Either way ``held.lost`` is set
+    at that moment.
+
+    ``max_hold`` bounds a hold that auto-renewal keeps alive: renewal stops
+    that many seconds after acquisition and the lease runs out (within one
+    ``ttl``), which is reported as a loss. It defaults to the alias's
+    ``MAX_HOLD``; None means no bound.
     """
-    return Lock(name, using=using, ttl=ttl, timeout=timeout, auto_renew=auto_renew)
+    return Lock(
+        name,
+        using=using,
+        ttl=ttl,
+        timeout=timeout,
+        auto_renew=auto_renew,
+        on_lost=on_lost,
+        max_hold=max_hold,
+    )
 
 
 def lock_name_for(model_or_instance, pk=None) -> str:
@@ -655,14 +841,7 @@ class OnCommitLock(Lock):
         self.database = database
 
     def _recreate_cm(self) -> OnCommitLock:
-        return OnCommitLock(
-            self.name,
-            database=self.database,
-            using=self.using,
-            ttl=self._ttl,
-            timeout=self._timeout,
-            auto_renew=self._auto_renew,
-        )
+        return OnCommitLock(self.name, database=self.database, **self._options())
 
     def _connection(self):
         from django.db import connections
@@ -697,13 +876,7 @@ class OnCommitLock(Lock):
         if lease.lost:
             # Leaving the block must still report a loss, as a plain lock does.
             return super().__exit__(exc_type, exc, tb)
-        holder = Lock(
-            self.name,
-            using=self.using,
-            ttl=self._ttl,
-            timeout=self._timeout,
-            auto_renew=self._auto_renew,
-        )
+        holder = Lock(self.name, **self._options())
         holder._leases.append(self._leases.pop())
         key = (self.using, self.name)
         pending = self._pending(connection)

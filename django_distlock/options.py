@@ -12,7 +12,11 @@ import math
 from numbers import Real
 from typing import Any
 
-__all__ = ["option_problems", "seconds_problem", "timeout_problem"]
+__all__ = ["ON_LOST_CHOICES", "option_problems", "seconds_problem", "timeout_problem"]
+
+#: What ``on_lost=`` accepts: report the loss when the block ends, or cancel
+#: the asyncio task running the block as soon as the loss is known.
+ON_LOST_CHOICES = ("raise", "cancel")
 
 Problem = tuple[type[Exception], str]
 
@@ -52,12 +56,19 @@ def timeout_problem(value: Any, *, forever: tuple = (None,)) -> Problem | None:
 
 
 def option_problems(
-    *, using: Any, ttl: Any, timeout: Any, auto_renew: Any
+    *,
+    using: Any,
+    ttl: Any,
+    timeout: Any,
+    auto_renew: Any,
+    on_lost: Any = "raise",
+    max_hold: Any = None,
 ) -> list[Problem]:
     """Return what is wrong with the options of a lock, as (class, text).
 
     An empty list means they are valid. ``timeout`` is the one to check
     (None: wait forever); ``ttl`` and ``auto_renew`` None mean the alias's.
+    ``max_hold`` is checked if given: None means no bound.
     """
     problems = []
     if not isinstance(using, str):
@@ -74,5 +85,14 @@ def option_problems(
     if auto_renew is not None and not isinstance(auto_renew, bool):
         problems.append(
             (TypeError, f"auto_renew must be True, False or None, not {auto_renew!r}")
+        )
+    if max_hold is not None:
+        problem = seconds_problem("max_hold", max_hold)
+        if problem:
+            error, text = problem
+            problems.append((error, text + " (or None: no bound)"))
+    if on_lost not in ON_LOST_CHOICES or not isinstance(on_lost, str):
+        problems.append(
+            (ValueError, f"on_lost must be 'raise' or 'cancel', not {on_lost!r}")
         )
     return problems

@@ -7,7 +7,9 @@ there is none). Some add timings:
 
 - ``lock_acquired``: ``wait`` (seconds spent waiting).
 - ``lock_released``: ``held`` (seconds the lease was held).
-- ``lock_lost``: ``held`` (seconds from acquisition to detection), ``reason``.
+- ``lock_lost``: ``held`` (seconds from acquisition to detection), ``reason``
+  (a lease that ran out after its ``max_hold`` is a loss too; its reason
+  names ``max_hold``).
 - ``lock_contended``: ``wait`` (seconds waited before giving up), ``timeout``.
 - ``lock_error``: an acquisition failed because the backend could not be
   reached: ``wait`` (seconds until it failed), ``error`` (the

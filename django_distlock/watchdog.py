@@ -28,7 +28,7 @@ from collections import defaultdict
 
 from .backends.base import BaseLockBackend, Lease
 
-__all__ = ["async_watchdog", "report_lost", "watchdog"]
+__all__ = ["async_watchdog", "on_loss", "report_lost", "watchdog"]
 
 logger = logging.getLogger("django_distlock.renew")
 
@@ -45,15 +45,45 @@ def renewal_due(lease: Lease) -> float:
     return lease.deadline - lease.ttl * 2 / 3
 
 
+#: Lease -> callables to run once when it is reported lost (``held.lost``,
+#: ``on_lost="cancel"``). Most leases have none: nothing is stored for them.
+_loss_callbacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_loss_lock = threading.Lock()
+
+
+def on_loss(lease: Lease, callback) -> None:
+    """Call ``callback()`` once ``lease`` is reported lost (at once if it was)."""
+    with _loss_lock:
+        if not lease.lost_reported:
+            _loss_callbacks.setdefault(lease, []).append(callback)
+            return
+    callback()
+
+
+def discard_on_loss(lease: Lease, callback) -> None:
+    """Forget a callback given to :func:`on_loss` (if it has not run)."""
+    with _loss_lock:
+        callbacks = _loss_callbacks.get(lease)
+        if callbacks and callback in callbacks:
+            callbacks.remove(callback)
+
+
 def report_lost(backend: BaseLockBackend, lease: Lease, reason: str) -> None:
     """Mark ``lease`` lost; send ``lock_lost`` and log, once per lease."""
     lease.lost = True
-    if lease.lost_reported:
-        return
-    lease.lost_reported = True
+    with _loss_lock:
+        if lease.lost_reported:
+            return
+        lease.lost_reported = True
+        callbacks = _loss_callbacks.pop(lease, ())
     from .signals import lock_lost
 
     logger.warning("Lock %r on %r was lost: %s", lease.name, backend.alias, reason)
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            logger.exception("A loss callback of lock %r failed", lease.name)
     lock_lost.send(
         sender=type(backend),
         alias=backend.alias,
@@ -73,6 +103,12 @@ class _Schedule:
         # ``earliest`` has come, so that leases taken at about the same time
         # share one round trip instead of waking the loop one by one.
         self.entries: dict[int, tuple[BaseLockBackend, weakref.ref, float, float]] = {}
+        # id(lease) -> (monotonic instant renewal stops, max_hold, whether
+        # reaching it was logged), for the leases with a bound only.
+        self.bounds: dict[int, tuple[float, float, bool]] = {}
+        #: (backend, lease, reason) of the leases that ran out after their
+        #: bound, to report (outside the lane's lock) by the lane.
+        self.ended: list[tuple[BaseLockBackend, Lease, str]] = []
 
     def _schedule(self, backend: BaseLockBackend, lease: Lease) -> float:
         due = renewal_due(lease)
@@ -80,25 +116,81 @@ class _Schedule:
         self.entries[id(lease)] = (backend, weakref.ref(lease), due, earliest)
         return due
 
-    def add(self, backend: BaseLockBackend, lease: Lease) -> float:
+    def add(
+        self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
+    ) -> float:
+        if max_hold is not None:
+            # From just before the acquiring request, as the deadline is.
+            started = lease.deadline - lease.ttl
+            self.bounds[id(lease)] = (started + max_hold, max_hold, False)
+        else:  # an id may be reused before a collected lease's entry goes
+            self.bounds.pop(id(lease), None)
         return self._schedule(backend, lease)
 
     def remove(self, lease: Lease) -> None:
         self.entries.pop(id(lease), None)
+        self.bounds.pop(id(lease), None)
 
     def next_due(self) -> float:
         return min((e[2] for e in self.entries.values()), default=math.inf)
 
     def take_due(self, now: float) -> dict[BaseLockBackend, list[Lease]]:
-        """Return the leases to renew now, grouped by backend."""
+        """Return the leases to renew now, grouped by backend.
+
+        A lease past its ``max_hold`` is not renewed: it is watched until its
+        deadline, and then put on ``ended``.
+        """
         due: dict[BaseLockBackend, list[Lease]] = defaultdict(list)
         for key, (backend, ref, _due, earliest) in list(self.entries.items()):
             lease = ref()
             if lease is None or lease.lost:
                 del self.entries[key]
+                self.bounds.pop(key, None)
             elif earliest <= now:
-                due[backend].append(lease)
+                bound = self.bounds.get(key)
+                if bound is None or now < bound[0]:
+                    due[backend].append(lease)
+                else:
+                    self._past_bound(backend, lease, now, bound[1])
         return due
+
+    def _past_bound(
+        self, backend: BaseLockBackend, lease: Lease, now: float, max_hold: float
+    ) -> None:
+        key = id(lease)
+        if lease.deadline <= now:
+            self.remove(lease)
+            self.ended.append(
+                (
+                    backend,
+                    lease,
+                    f"held past max_hold ({max_hold:g} s): renewal stopped and "
+                    "the lease expired",
+                )
+            )
+            return
+        until, _, warned = self.bounds[key]
+        if not warned:
+            self.bounds[key] = (until, max_hold, True)
+            logger.warning(
+                "Lock %r on %r has been held for its max_hold of %g s: it is no "
+                "longer renewed and expires in %.1f s",
+                lease.name,
+                backend.alias,
+                max_hold,
+                lease.remaining(),
+            )
+        # Look again at the deadline (an explicit extend() may move it).
+        self.entries[key] = (
+            backend,
+            weakref.ref(lease),
+            lease.deadline,
+            lease.deadline,
+        )
+
+    def take_ended(self) -> list[tuple[BaseLockBackend, Lease, str]]:
+        ended, self.ended = self.ended, []
+        return ended
 
     def settle(self, backend: BaseLockBackend, leases, results) -> None:
         """Record renewal results: reschedule, retry or declare lost."""
@@ -122,6 +214,11 @@ class _Schedule:
                 self.entries[id(lease)] = (backend, weakref.ref(lease), retry, retry)
 
 
+def _report_ended(schedule: _Schedule) -> None:
+    for backend, lease, reason in schedule.take_ended():
+        report_lost(backend, lease, reason)
+
+
 class _ThreadLane:
     """The renewal thread of one alias (started on first use)."""
 
@@ -132,10 +229,12 @@ class _ThreadLane:
         self._thread: threading.Thread | None = None
         self._wake_at = math.inf
 
-    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
-        """Start renewing ``lease`` until :meth:`unregister`."""
+    def register(
+        self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
+    ) -> None:
+        """Start renewing ``lease`` until :meth:`unregister` (or ``max_hold``)."""
         with self._cond:
-            due = self._schedule.add(backend, lease)
+            due = self._schedule.add(backend, lease, max_hold)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=self._name, daemon=True
@@ -161,6 +260,7 @@ class _ThreadLane:
                     self._cond.wait(self._wake_at - now)
                     continue
                 due = self._schedule.take_due(now)
+            _report_ended(self._schedule)
             for backend, leases in due.items():
                 try:
                     results = backend.renew(leases)
@@ -192,9 +292,11 @@ class _AsyncLane:
         # (it looks at the schedule again before sleeping).
         self._wake_at = -math.inf
 
-    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
-        """Start renewing ``lease`` until :meth:`unregister`."""
-        due = self._schedule.add(backend, lease)
+    def register(
+        self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
+    ) -> None:
+        """Start renewing ``lease`` until :meth:`unregister` (or ``max_hold``)."""
+        due = self._schedule.add(backend, lease, max_hold)
         task = self._task
         if task is None or task.done():
             self._wake_at = -math.inf
@@ -236,7 +338,9 @@ class _AsyncLane:
                     self._waiter = None
                     timer.cancel()
                 continue
-            for backend, leases in self._schedule.take_due(now).items():
+            due = self._schedule.take_due(now)
+            _report_ended(self._schedule)
+            for backend, leases in due.items():
                 try:
                     results = await backend.arenew(leases)
                 except Exception:
@@ -264,9 +368,15 @@ class _Lanes:
                     lane = self._lanes[alias] = self.lane_class(alias)
         return lane
 
-    def register(self, backend: BaseLockBackend, lease: Lease) -> None:
-        """Start renewing ``lease`` until :meth:`unregister`."""
-        self._lane(backend.alias).register(backend, lease)
+    def register(
+        self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
+    ) -> None:
+        """Start renewing ``lease`` until :meth:`unregister`.
+
+        With ``max_hold``, renewal stops that many seconds after the lease
+        was acquired; when the lease then runs out, it is reported lost.
+        """
+        self._lane(backend.alias).register(backend, lease, max_hold)
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""

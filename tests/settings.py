@@ -3,7 +3,8 @@
 Databases: ``DISTLOCK_TEST_DB`` picks the default database engine the tests
 run on (``sqlite`` by default, ``postgres`` or ``mysql``); the other two are
 always configured as the ``postgres`` and ``mysql`` aliases for the database
-backend's own tests. ``DISTLOCK_TEST_DB_SUFFIX`` keeps concurrent runs apart.
+backend's own tests, and ``pgbouncer`` is that PostgreSQL behind a PgBouncer.
+``DISTLOCK_TEST_DB_SUFFIX`` keeps concurrent runs apart.
 """
 
 import os
@@ -59,7 +60,30 @@ SQLITE = {
 _main = {"sqlite": SQLITE, "postgres": POSTGRES, "mysql": MYSQL}[
     os.environ.get("DISTLOCK_TEST_DB", "sqlite")
 ]
-DATABASES = {"default": _main, "postgres": POSTGRES, "mysql": MYSQL}
+# The same PostgreSQL through a PgBouncer in transaction pooling mode that
+# tests/test_pgbouncer.py starts (it sets the port, and the test database's
+# name at run time). Django's documented setting for such a pooler:
+# DISABLE_SERVER_SIDE_CURSORS.
+PGBOUNCER = {
+    **POSTGRES,
+    "PORT": os.environ.get("DISTLOCK_PGBOUNCER_PORT", "6432"),
+    "DISABLE_SERVER_SIDE_CURSORS": True,
+    "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
+}
+# The same PostgreSQL through tests/faultproxy.py, which loses replies on
+# demand (tests/test_in_doubt.py sets the port at run time).
+PROXIED = {
+    **POSTGRES,
+    "PORT": os.environ.get("DISTLOCK_PROXY_PORT", "6433"),
+    "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
+}
+DATABASES = {
+    "default": _main,
+    "proxied": PROXIED,
+    "postgres": POSTGRES,
+    "mysql": MYSQL,
+    "pgbouncer": PGBOUNCER,
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -110,6 +110,9 @@ BROKEN = [
         id="E010-missing",
     ),
     pytest.param(entries(TIME_OUT=5), "distlock.E013", id="E013"),
+    pytest.param(entries(MAX_HOLD=0), "distlock.E024", id="E024-zero"),
+    pytest.param(entries(MAX_HOLD="600"), "distlock.E024", id="E024-str"),
+    pytest.param(entries(MAX_HOLD=float("inf")), "distlock.E024", id="E024-inf"),
 ]
 
 
@@ -128,6 +131,21 @@ def test_broken_setting_reported(locks_setting, expected):
         assert message.is_serious()
         # The same through Django's registry (``manage.py check``).
         assert [m.id for m in distlock_messages()] == [expected]
+
+
+def test_tiny_ttl_renewed_without_a_bound_warns():
+    with override_settings(LOCKS=entries(TTL=0.5), DEBUG=True):
+        (message,) = check_locks_setting()
+    assert message.id == "distlock.W004"
+    assert "MAX_HOLD" in message.hint and not message.is_serious()
+    for fine in (
+        entries(TTL=0.5, MAX_HOLD=60),
+        entries(TTL=0.5, AUTO_RENEW=False),
+        entries(TTL=1),
+        entries(MAX_HOLD=600),
+    ):
+        with override_settings(LOCKS=fine, DEBUG=True):
+            assert check_locks_setting() == [], fine
 
 
 def test_locmem_without_debug_warns():

@@ -77,3 +77,10 @@ def hold_for(
         write_whole(ready_path, str(held.fencing_token))
         time.sleep(seconds)
         return held.fencing_token
+
+
+def clear_lock(name: str, using: str = "default") -> None:
+    """Force-release ``name`` as an operator does: ``manage.py locks clear``."""
+    from django.core.management import call_command
+
+    call_command("locks", "clear", name, "--noinput", "--using", using)

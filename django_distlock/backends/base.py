@@ -144,6 +144,9 @@ class BaseLockBackend:
         timeout = params.get("TIMEOUT", DEFAULT_TIMEOUT)
         self.default_timeout = None if timeout is None else float(timeout)
         self.auto_renew = bool(params.get("AUTO_RENEW", True))
+        max_hold = params.get("MAX_HOLD")
+        #: Seconds after which auto-renewal of a lease stops (None: never).
+        self.max_hold = None if max_hold is None else float(max_hold)
         self.key_prefix = str(params.get("KEY_PREFIX", DEFAULT_KEY_PREFIX))
         self.options = dict(params.get("OPTIONS") or {})
 

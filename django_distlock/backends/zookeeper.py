@@ -350,14 +350,72 @@ class ZooKeeperLockBackend(BaseLockBackend):
     # -- the lock -----------------------------------------------------------
 
     def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
-        with self._guard("acquire"):
-            return self._acquire(name, ttl, timeout)
+        from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
 
-    def _acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+        token = new_token()
+        try:
+            with self._guard("acquire"):
+                return self._acquire(name, token, ttl, timeout)
+        except LockBackendError as e:
+            if isinstance(e.__cause__, (ConnectionLoss, OperationTimeoutError)):
+                # A create (or the write making us the holder) may have gone
+                # through unanswered: a node nobody will delete.
+                self._remove_in_doubt(name, token, ttl)
+            raise
+
+    def _remove_in_doubt(self, name: str, token: str, ttl: float) -> None:
+        """Delete, from a thread, the nodes this attempt's ``token`` names.
+
+        As Curator's protection mode does: our node names start with the
+        attempt's token, so they can be found after a connection loss hid
+        the outcome of their ``create``. Tried until ZooKeeper answers, or
+        until the session (and its ephemeral nodes) or the lease would have
+        ended anyway.
+        """
+        from kazoo.exceptions import NoNodeError
+        from kazoo.protocol.states import KazooState
+
+        client = self._client
+        directory = self._dir(name)
+        prefix = f"{token}-"
+        give_up = time.monotonic() + max(ttl, self.session_timeout)
+
+        def remove() -> None:
+            pause = 0.02
+            while client.state != KazooState.LOST:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    # Queued by kazoo until it is connected again; bounded,
+                    # so that a client that gives up reconnecting ends this.
+                    children = client.get_children_async(directory).get(timeout=left)
+                    for child in children:
+                        if child.startswith(prefix):
+                            try:
+                                client.delete_async(f"{directory}/{child}").get(
+                                    timeout=left
+                                )
+                            except NoNodeError:
+                                pass
+                    return
+                except NoNodeError:
+                    return
+                except Exception:  # noqa: BLE001 - connection trouble: again
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.2)
+
+        if client is not None:
+            threading.Thread(
+                target=remove, name="distlock-zk-in-doubt", daemon=True
+            ).start()
+
+    def _acquire(
+        self, name: str, token: str, ttl: float, timeout: float | None
+    ) -> Lease | None:
         from kazoo.exceptions import BadVersionError, KazooException, NoNodeError
 
         client = self.client
-        token = new_token()
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         waiter_ms = int(MAX_WAIT_SLICE * 1000) + WAITER_GRACE_MS
@@ -421,6 +479,13 @@ class ZooKeeperLockBackend(BaseLockBackend):
                     server_now = stat.mtime
                 except NoNodeError:
                     pass  # the next turn of the loop queues again
+        except KazooException:
+            if path is not None:
+                # Not waited for: with the connection down it would hang
+                # until kazoo reconnects. Sent once it has.
+                client.delete_async(path)
+                path = None
+            raise
         finally:
             if path is not None:
                 # Leave the queue (best effort: a node left behind by a lost

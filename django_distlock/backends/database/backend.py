@@ -52,6 +52,20 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         return check_entry(cls, alias, params)
 
     @property
+    def listens(self) -> bool:
+        """Whether waiters sleep on LISTEN until a release's NOTIFY.
+
+        True with ``OPTIONS["WAIT"] = "notify"``, unless the database sits
+        behind a transaction pooler (``DISABLE_SERVER_SIDE_CURSORS``): LISTEN
+        belongs to a server session, which such a pooler hands to other
+        clients after each transaction, so waiters poll there (releases still
+        notify, for the processes that reach PostgreSQL directly).
+        """
+        if self._dialect is None:
+            self._setup()
+        return self.wait_notify and not self._pooled
+
+    @property
     def dialect(self) -> Dialect:
         """The SQL dialect of the lock database."""
         if self._dialect is None:
@@ -181,7 +195,7 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
 
     def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
         identity = self._identity()
-        if self.wait_notify:
+        if self.listens:
             return self._acquire_notified(name, ttl, timeout, identity)
         return self._run(self._acquire_steps(name, ttl, timeout, identity))
 
@@ -197,7 +211,7 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         next wake-up.
         """
         identity = self._identity()  # the task's identity, not the worker's
-        if self.wait_notify:
+        if self.listens:
 
             def undo(lease: Lease | None) -> None:
                 if lease is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from .connections import transaction_pooled
 from .dialects import DIALECTS
 
 __all__ = ["DEFAULT_MAX_BACKOFF", "OPTION_KEYS", "check_entry"]
@@ -82,6 +83,19 @@ def check_entry(backend_cls: type, alias: str, params: dict[str, Any]) -> list:
                 hint="LISTEN/NOTIFY exists on PostgreSQL only; leave WAIT out to poll.",
                 obj="settings.LOCKS",
                 id="distlock.E009",
+            )
+        )
+    elif wait == "notify" and transaction_pooled(vendor, settings.DATABASES[database]):
+        errors.append(
+            Warning(
+                f"{where}['WAIT'] is 'notify' on {database!r}, which is reached "
+                "through a transaction pooler (DISABLE_SERVER_SIDE_CURSORS = True).",
+                hint="LISTEN needs a server session of its own, which a pooler in "
+                "transaction mode does not keep: waiters on this alias poll "
+                "instead. Leave WAIT out, or give the lock backend a DATABASES "
+                "entry that reaches PostgreSQL directly.",
+                obj="settings.LOCKS",
+                id="distlock.W005",
             )
         )
     if vendor not in DIALECTS:

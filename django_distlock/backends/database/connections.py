@@ -9,6 +9,7 @@ caller's transaction. An in-memory SQLite database is the exception (see
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -22,6 +23,12 @@ __all__ = ["ConnectionsMixin"]
 
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
+#: PostgreSQL errors of a prepared statement that is missing on, or already
+#: exists on, the server connection: what a transaction pooler (PgBouncer)
+#: that moves a session between server connections causes.
+LOST_PREPARED_SQLSTATES = {"26000", "42P05"}
+
+logger = logging.getLogger("django_distlock.database")
 
 
 def _close_raw(wrapper: Any, pid: int) -> None:
@@ -127,6 +134,19 @@ def _can_prepare(wrapper: Any) -> bool:
     return getattr(wrapper.Database, "__name__", "") == "psycopg"
 
 
+def transaction_pooled(vendor: str, settings_dict: dict[str, Any]) -> bool:
+    """Return True if the database is reached through a transaction pooler.
+
+    Django's documented sign of one (PgBouncer with ``pool_mode =
+    transaction``) is ``DISABLE_SERVER_SIDE_CURSORS = True``: consecutive
+    transactions may then run on different server sessions, so nothing that
+    belongs to a session (prepared statements, LISTEN) may be relied on.
+    """
+    return vendor == "postgresql" and bool(
+        settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    )
+
+
 def _django_db_error() -> type[Exception]:
     from django.db import Error
 
@@ -139,6 +159,10 @@ _backends: weakref.WeakSet = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for backend in list(_backends):
         backend._forget_connections()
+        # The parent's canceller thread is not running here.
+        backend._in_doubt = []
+        backend._in_doubt_cond = threading.Condition()
+        backend._in_doubt_thread = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -162,7 +186,15 @@ class ConnectionsMixin:
         self._sql: dict[str, str] | None = None
         self._in_memory = False
         self._prepared = False
+        self._pooled = False
         self._dialect: Dialect | None = None
+        #: Driver errors after which an acquisition's outcome is unknown
+        #: (the connection failed with the request out), and the queue of
+        #: grants to cancel (see WaitingMixin._try_acquire).
+        self._in_doubt_errors: tuple[type[Exception], ...] = ()
+        self._in_doubt: list[tuple[str, str, float]] = []
+        self._in_doubt_cond = threading.Condition()
+        self._in_doubt_thread: threading.Thread | None = None
         _backends.add(self)
 
     def _setup(self) -> None:
@@ -181,8 +213,18 @@ class ConnectionsMixin:
                 ) from None
             table = wrapper.ops.quote_name(TABLE)
             self._integrity_error = wrapper.Database.IntegrityError
+            if wrapper.vendor != "sqlite":  # in-process: no reply to lose
+                from django.db import utils
+
+                self._in_doubt_errors = (
+                    wrapper.Database.OperationalError,
+                    wrapper.Database.InterfaceError,
+                    utils.OperationalError,  # raised by Django's connect()
+                    utils.InterfaceError,
+                )
             self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
             self._prepared = _can_prepare(wrapper)
+            self._pooled = transaction_pooled(wrapper.vendor, wrapper.settings_dict)
             self._dialect = dialect
             self._sql = dialect.build(table)
 
@@ -239,10 +281,38 @@ class ConnectionsMixin:
             try:
                 return func(conn.cursor(), *args)
             except conn.errors as e:
+                if attempt == 1 and self._lost_prepared(e):
+                    self._stop_preparing(conn)
+                    continue
                 if attempt == 1 and self._worth_retrying(conn, e):
                     continue
                 raise self._error(e, what) from e
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _lost_prepared(exc: Exception) -> bool:
+        return getattr(exc, "sqlstate", None) in LOST_PREPARED_SQLSTATES
+
+    def _stop_preparing(self, conn: _Connection) -> None:
+        """Stop preparing statements: a transaction pooler sits in between.
+
+        Every connection of the backend reconnects without them (the failed
+        statement is tried again, on a fresh connection).
+        """
+        if self._prepared:
+            self._prepared = False
+            logger.warning(
+                "Database lock backend %r: prepared statements vanish between "
+                "transactions on database %r, as behind a transaction pooler "
+                "(PgBouncer with pool_mode = transaction); the backend stops "
+                "preparing them. Set DISABLE_SERVER_SIDE_CURSORS = True on that "
+                "DATABASES entry, as Django asks for such a pooler.",
+                self.alias,
+                self.database,
+            )
+        for other in list(self._connections):
+            other.prepared = False
+        conn.reset()
 
     def _worth_retrying(self, conn: _Connection, exc: Exception) -> bool:
         code = exc.args[0] if exc.args else None

@@ -13,6 +13,7 @@ import logging
 import math
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Generator
 from typing import Any
@@ -30,6 +31,9 @@ MIN_BACKOFF = 0.001
 #: Longest wait for a notification before trying again anyway, seconds: it
 #: bounds the delay after a release by a process that does not notify.
 NOTIFY_SAFETY_WAIT = 1.0
+#: First and longest pause between two tries to cancel an acquisition whose
+#: outcome is unknown, seconds.
+CANCEL_RETRY = (0.02, 0.1)
 
 #: The polling loop as a generator of ``(kind, argument)`` steps, driven by
 #: :meth:`WaitingMixin._run` or :meth:`WaitingMixin._arun`.
@@ -57,6 +61,10 @@ class WaitingMixin:
     _attempt: Callable[..., tuple[int | None, float]]
     _digest: Callable[[str], str]
     _drop_once: Callable[..., bool]
+    _in_doubt_errors: tuple[type[Exception], ...]
+    _in_doubt: list[tuple[str, str, float]]
+    _in_doubt_cond: threading.Condition
+    _in_doubt_thread: threading.Thread | None
 
     # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
 
@@ -104,13 +112,13 @@ class WaitingMixin:
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         args = (name, digest, token, ttl, identity)
         sent = time.monotonic()
-        fence, hint = self._call("acquire", self._attempt, *args)
+        fence, hint = self._try_acquire(args, self._attempt)
         if fence is None and timeout != 0:
             try:
                 while fence is None and not (handoff and handoff.abandoned):
                     sent = time.monotonic()
-                    fence, hint = self._call(
-                        "acquire", self._listen_and_attempt, channel, *args
+                    fence, hint = self._try_acquire(
+                        args, self._listen_and_attempt, channel
                     )
                     left = deadline - time.monotonic()
                     if fence is not None or left <= 0:
@@ -178,7 +186,7 @@ class WaitingMixin:
             except StopIteration as stop:
                 return stop.value
             if kind == "attempt":
-                reply = self._call("acquire", self._attempt, *arg)
+                reply = self._try_acquire(arg, self._attempt)
             else:
                 time.sleep(arg)
                 reply = None
@@ -209,8 +217,73 @@ class WaitingMixin:
                 self._give_back(digest, token)
 
         return await Handoff(undo).arun(
-            self._call, "acquire", self._attempt, name, digest, token, *args
+            self._try_acquire, (name, digest, token, *args), self._attempt
         )
+
+    # -- acquisitions whose outcome is unknown ----------------------------
+
+    def _try_acquire(
+        self, args: tuple, attempt: Callable[..., Any], *before: Any
+    ) -> tuple[int | None, float]:
+        """Run one ``attempt(cursor, *before, *args)``.
+
+        If the connection failed under it, the server may still have granted
+        the lock: the request went out and the reply (a COMMIT's included)
+        never came back. Nobody would hold that grant, so it is cancelled in
+        the background with the attempt's token (which no other holder has).
+        """
+        try:
+            return self._call("acquire", attempt, *before, *args)
+        except LockBackendError as e:
+            if isinstance(e.__cause__, self._in_doubt_errors):
+                _name, digest, token, ttl = args[:4]
+                self._cancel_in_doubt(digest, token, ttl)
+            raise
+
+    def _cancel_in_doubt(self, digest: str, token: str, ttl: float) -> None:
+        """Queue the grant of ``token``, if there is one, to be dropped.
+
+        One thread per backend works through the queue, trying each again
+        until the database answers, or until its grant would have expired
+        anyway.
+        """
+        with self._in_doubt_cond:
+            self._in_doubt.append((digest, token, time.monotonic() + ttl))
+            if self._in_doubt_thread is None or not self._in_doubt_thread.is_alive():
+                self._in_doubt_thread = threading.Thread(
+                    target=self._cancel_queued, name="distlock-db-cancel", daemon=True
+                )
+                self._in_doubt_thread.start()
+            else:
+                self._in_doubt_cond.notify()
+
+    def _cancel_queued(self) -> None:
+        pause, longest = CANCEL_RETRY
+        while True:
+            with self._in_doubt_cond:
+                items, self._in_doubt = self._in_doubt, []
+                if not items:
+                    self._in_doubt_thread = None
+                    return
+            retry = []
+            for digest, token, give_up in items:
+                try:
+                    if self._call("cancel", self._drop_once, digest, token):
+                        release_log.info(
+                            "Cancelled an acquisition whose reply was lost "
+                            "(database lock backend %r)",
+                            self.alias,
+                        )
+                except LockBackendError:
+                    if time.monotonic() < give_up:
+                        retry.append((digest, token, give_up))
+            if not retry:
+                pause = CANCEL_RETRY[0]
+                continue
+            with self._in_doubt_cond:
+                self._in_doubt[:0] = retry
+                self._in_doubt_cond.wait(pause)  # a new entry wakes it early
+            pause = min(pause * 2, longest)
 
     def _give_back(self, digest: str, token: str) -> None:
         """Release a lease that no handle knows about (its task was cancelled)."""
