@@ -14,7 +14,8 @@ from .exceptions import (
     StaleFencingToken,
 )
 from .handler import locks
-from .locking import Lock, lock, lock_for
+from .instances import lock_for
+from .locking import Lock, lock
 
 __all__ = [
     "Lock",

@@ -42,13 +42,8 @@ from django.utils.module_loading import import_string
 
 from .exceptions import LockBackendError, LockLost, LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
-from .locking import (
-    DEFAULT,
-    RELEASE_ON_COMMIT,
-    RELEASE_ON_EXIT,
-    Lock,
-    OnCommitLock,
-)
+from .instances import RELEASE_ON_COMMIT, RELEASE_ON_EXIT, OnCommitLock
+from .locking import DEFAULT, Lock
 from .options import option_problems
 
 __all__ = [
@@ -216,7 +211,7 @@ def distributed_lock(
     inside ``transaction.atomic()`` on ``database``, as with
     ``ATOMIC_REQUESTS``: the lock is then held until that transaction
     commits (or rolls back), so the next request reads the committed row
-    (see :class:`~django_distlock.locking.OnCommitLock`). Elsewhere, and for
+    (see :class:`~django_distlock.instances.OnCommitLock`). Elsewhere, and for
     async views (Django runs them outside request transactions), the lock is
     released when the view returns, as with ``release="on_exit"``.
 

@@ -7,7 +7,6 @@ import functools
 import logging
 import threading
 import time
-import weakref
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
 from typing import Any
@@ -22,6 +21,7 @@ from .exceptions import (
     LockNotHeld,
 )
 from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
+from .losses import LossEvent, _Canceller, _cancellers, _loss_event
 from .options import option_problems, seconds_problem, timeout_problem
 from .signals import lock_acquired, lock_contended, lock_error, lock_released
 from .watchdog import (
@@ -32,7 +32,7 @@ from .watchdog import (
     report_lost,
 )
 
-__all__ = ["Lock", "LossEvent", "OnCommitLock", "lock", "lock_for"]
+__all__ = ["Lock", "LossEvent", "lock"]
 
 acquire_log = logging.getLogger("django_distlock.acquire")
 release_log = logging.getLogger("django_distlock.release")
@@ -58,91 +58,6 @@ DEFAULT: Any = _Default()
 #: Leases of non-reentrant backends held right now -> (alias, name, thread,
 #: task) of their acquirer. Read only to explain a LockNotAcquired.
 _held_by: WeakKeyDictionary = WeakKeyDictionary()
-
-
-class LossEvent:
-    """Set once the lease it watches is known lost: ``held.lost``.
-
-    A read-only :class:`threading.Event`: check it with :meth:`is_set` between
-    steps of long work, or block on it with :meth:`wait`. It is set when the
-    loss is known (the watchdog's renewal finds the lease gone, the backend
-    stayed unreachable until the lease expired, or a call of the handle
-    found it gone), never cleared.
-    """
-
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def is_set(self) -> bool:
-        """Return True once the lease is known lost."""
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the lease is known lost or ``timeout`` passes.
-
-        Return :meth:`is_set`, like :meth:`threading.Event.wait`.
-        """
-        return self._event.wait(timeout)
-
-    def __repr__(self) -> str:
-        return f"<LossEvent {'set' if self.is_set() else 'unset'}>"
-
-
-#: Lease -> its LossEvent, made the first time ``held.lost`` is read.
-_loss_events: WeakKeyDictionary = WeakKeyDictionary()
-_loss_events_lock = threading.Lock()
-
-
-def _loss_event(lease: Lease) -> LossEvent:
-    with _loss_events_lock:
-        event = _loss_events.get(lease)
-        if event is None:
-            event = _loss_events[lease] = LossEvent()
-            on_loss(lease, event._event.set)
-    return event
-
-
-class _Canceller:
-    """Cancel the task holding a lease when the lease is reported lost
-    (``on_lost="cancel"``), unless the task has left the block since."""
-
-    __slots__ = ("task", "loop", "active", "fired", "__weakref__")
-
-    def __init__(self, task: asyncio.Task) -> None:
-        self.task = task
-        self.loop = task.get_loop()
-        self.active = True
-        self.fired = False
-
-    def __call__(self) -> None:
-        if not self.active or running_task() is self.task:
-            # The task itself found the loss (extend, release): it gets LockLost.
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            self.cancel()
-        else:
-            try:
-                self.loop.call_soon_threadsafe(self.cancel)
-            except RuntimeError:  # the loop is closed: no task left to stop
-                pass
-
-    def cancel(self) -> None:
-        # Run on the task's loop: ``active`` is cleared there, before the
-        # first await of leaving the block, so the cancellation can only
-        # land inside the block.
-        if self.active and not self.task.done():
-            self.fired = True
-            self.task.cancel()
-
-
-#: Lease -> the _Canceller of its task, for handles with on_lost="cancel".
-_cancellers: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def _caller() -> tuple[int, int]:
@@ -696,199 +611,3 @@ def lock(
         on_lost=on_lost,
         max_hold=max_hold,
     )
-
-
-def lock_name_for(model_or_instance, pk=None) -> str:
-    """Return ``"<app_label>.<model_name>:<pk>"`` for a model row.
-
-    Proxy models name their concrete model, so both lock the same row.
-    """
-    from django.db.models import Model
-
-    if isinstance(model_or_instance, Model):
-        if pk is not None:
-            raise TypeError(
-                "lock_for() takes either a model instance, or a model class and "
-                f"pk=, not an instance and pk={pk!r}."
-            )
-        pk = model_or_instance.pk
-        model = type(model_or_instance)
-        if pk is None:
-            raise ValueError(
-                f"Cannot lock an unsaved {model.__name__} instance: its pk is None."
-            )
-    elif isinstance(model_or_instance, type) and issubclass(model_or_instance, Model):
-        model = model_or_instance
-        if pk is None:
-            raise ValueError(
-                f"lock_for({model.__name__}) needs the pk of the row to lock: "
-                f"lock_for({model.__name__}, pk=...)."
-            )
-    else:
-        raise TypeError(
-            "lock_for() takes a model instance or a model class (and pk=), "
-            f"not {model_or_instance!r} ({type(model_or_instance).__name__})."
-        )
-    meta = model._meta.concrete_model._meta
-    return f"{meta.label_lower}:{pk}"
-
-
-RELEASE_ON_EXIT = "on_exit"
-RELEASE_ON_COMMIT = "on_commit"
-
-
-def lock_for(
-    model_or_instance,
-    pk=None,
-    *,
-    release: str = RELEASE_ON_EXIT,
-    database: str | None = None,
-    **options: Any,
-) -> Lock:
-    """Return a :class:`Lock` for one model row, taking every option of :func:`lock`.
-
-    ``lock_for(instance)`` or ``lock_for(Model, pk=42)``; the name is
-    ``"<app_label>.<model_name>:<pk>"`` (a proxy model names its concrete
-    model). An unsaved instance is a ValueError.
-
-    ``release="on_commit"`` keeps the lock, when the ``with`` block is left
-    inside ``transaction.atomic()``, until that transaction ends: released
-    right after it commits, and on rollback too (see
-    :class:`OnCommitLock`). ``database`` is the database alias whose
-    transaction counts (default: the router's write database for the model).
-    """
-    name = lock_name_for(model_or_instance, pk)
-    if release == RELEASE_ON_EXIT:
-        return lock(name, **options)
-    if release != RELEASE_ON_COMMIT:
-        raise ValueError(
-            f"Lock {name!r}: release must be {RELEASE_ON_EXIT!r} or "
-            f"{RELEASE_ON_COMMIT!r}, not {release!r}."
-        )
-    if database is None:
-        from django.db import router
-        from django.db.models import Model
-
-        if isinstance(model_or_instance, Model):
-            database = router.db_for_write(
-                type(model_or_instance), instance=model_or_instance
-            )
-        else:
-            database = router.db_for_write(model_or_instance)
-    return OnCommitLock(name, database=database, **options)
-
-
-class _Deferred:
-    """The on_commit callback holding a lease past its ``with`` block.
-
-    Django calls it after the commit. Django drops it unrun when the
-    transaction, or a savepoint enclosing the block, rolls back; a
-    :func:`weakref.finalize` on it notices that and releases the lease then.
-    The lease itself sits in ``box`` (shared with the finalizer, which must
-    not reference this object).
-    """
-
-    __slots__ = ("box", "__weakref__")
-
-    def __init__(self, box: list):
-        self.box = box
-
-    def __call__(self) -> None:
-        _release_deferred(self.box)
-
-
-def _release_deferred(box: list) -> None:
-    handle, key, pending = box
-    box[0] = None
-    if handle is None:
-        return  # committed already, or adopted by another block
-    if pending.get(key) is box:
-        del pending[key]
-    try:
-        handle.release()
-    except LockNotHeld:
-        # LockLost included: it was signalled (lock_lost) and logged; raising
-        # here would only break Django's commit or garbage collection.
-        release_log.warning("Lock %r was lost before its commit", handle.name)
-    except Exception:
-        release_log.exception("Releasing lock %r after commit failed", handle.name)
-
-
-class OnCommitLock(Lock):
-    """A lock whose ``with`` block, inside ``atomic()``, releases at commit.
-
-    Releasing a row's lock before the writes made under it are committed
-    lets the next holder read the old row: the classic lost update. So when
-    the block is left while ``transaction.atomic()`` is active on
-    ``database``, the lease is kept (and auto-renewed) until the transaction
-    ends: ``transaction.on_commit`` releases it right after the commit.
-
-    Django has no on_rollback hook. On rollback, of the whole transaction or
-    of a savepoint enclosing the block (which undoes the block's writes),
-    Django discards the on_commit callbacks it registered; the callback
-    object is then freed and a :func:`weakref.finalize` attached to it
-    releases the lease at once. Closing the connection discards them too, so
-    a connection dropped mid-transaction also releases the lock.
-
-    Entering the lock again (through any handle for the same name) in the
-    same transaction adopts the pending lease instead of waiting for itself.
-    Outside ``atomic()`` the block releases on exit like a plain lock.
-    Synchronous code only: Django's transactions are.
-    """
-
-    def __init__(self, name: str, *, database: str = "default", **options: Any):
-        super().__init__(name, **options)
-        self.database = database
-
-    def _recreate_cm(self) -> OnCommitLock:
-        return OnCommitLock(self.name, database=self.database, **self._options())
-
-    def _connection(self):
-        from django.db import connections
-
-        return connections[self.database]
-
-    def _pending(self, connection) -> dict:
-        # Per database connection, hence per thread and transaction.
-        try:
-            return connection._distlock_pending
-        except AttributeError:
-            connection._distlock_pending = {}
-            return connection._distlock_pending
-
-    def __enter__(self) -> OnCommitLock:
-        connection = self._connection()
-        if connection.in_atomic_block:
-            box = self._pending(connection).pop((self.using, self.name), None)
-            if box is not None and box[0] is not None:
-                handle = box[0]
-                box[0] = None
-                self._leases.append(handle._leases.pop())
-                return self
-        super().__enter__()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        connection = self._connection()
-        if not connection.in_atomic_block or not self._leases:
-            return super().__exit__(exc_type, exc, tb)
-        lease = self.lease
-        if lease.lost:
-            # Leaving the block must still report a loss, as a plain lock does.
-            return super().__exit__(exc_type, exc, tb)
-        holder = Lock(self.name, **self._options())
-        holder._leases.append(self._leases.pop())
-        key = (self.using, self.name)
-        pending = self._pending(connection)
-        box = [holder, key, pending]
-        pending[key] = box
-        callback = _Deferred(box)
-        weakref.finalize(callback, _release_deferred, box)
-        connection.on_commit(callback)
-        return None
-
-    async def __aenter__(self):
-        raise TypeError(
-            "release='on_commit' works with synchronous transactions only; "
-            "use 'with', or wrap the transaction in sync_to_async."
-        )

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_distlock import LockLost, lock, lock_for, locks
-from django_distlock.locking import OnCommitLock, lock_name_for
+from django_distlock.instances import OnCommitLock, lock_name_for
 from django_distlock.signals import (
     lock_acquired,
     lock_contended,

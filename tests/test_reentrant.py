@@ -35,7 +35,7 @@ from django_distlock.backends.redis import (
     current_owner,
 )
 from django_distlock.backends.redis import reentrant as redis_reentrant
-from django_distlock.locking import lock_name_for
+from django_distlock.instances import lock_name_for
 
 from . import workers
 from .conftest import redis_locks
