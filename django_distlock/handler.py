@@ -115,7 +115,14 @@ class LockHandler(BaseConnectionHandler):
             raise InvalidLockBackendError(
                 f"Could not find lock backend {backend!r} for LOCKS[{alias!r}]: {e}"
             ) from e
-        return backend_cls(alias, params)
+        instance = backend_cls(alias, params)
+        # What the backend needs from above reaches it through the contract:
+        # a loss it finds on its own (a ZooKeeper session ending) is reported
+        # like the watchdog's own findings.
+        from .watchdog import report_lost
+
+        instance.loss_reporter = report_lost
+        return instance
 
     def reset(self) -> None:
         """Close every backend and forget the settings (settings changed)."""

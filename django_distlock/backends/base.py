@@ -18,7 +18,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,11 @@ class BaseLockBackend:
     #: names the ``pip install`` line when one is missing.
     drivers: tuple[tuple[str, str], ...] = ()
 
+    #: Called as ``loss_reporter(backend, lease, reason)`` for a loss the
+    #: backend finds on its own; the handler that creates the backend sets it
+    #: (to the watchdog's reporter). None: the loss is only marked.
+    loss_reporter: Callable[[BaseLockBackend, Lease, str], None] | None = None
+
     def __init__(self, alias: str, params: dict[str, Any]):
         self.alias = alias
         self.params = params
@@ -245,6 +250,12 @@ class BaseLockBackend:
         Return how many records were removed.
         """
         return 0
+
+    def report_loss(self, lease: Lease, reason: str) -> None:
+        """Mark ``lease`` lost and report it (the ``lock_lost`` signal, the log)."""
+        lease.lost = True
+        if self.loss_reporter is not None:
+            self.loss_reporter(self, lease, reason)
 
     def close(self) -> None:
         """Release the backend's connections (called on ``setting_changed``)."""

@@ -46,9 +46,10 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
-from ..exceptions import LockBackendError
-from ..keys import decode_name, encode_name, name_digest
-from .base import BaseLockBackend, Holder, Lease, holder_identity, new_token
+from ...exceptions import LockBackendError
+from ...keys import decode_name, encode_name, name_digest
+from ..base import BaseLockBackend, Holder, Lease, holder_identity, new_token
+from .checks import check_entry
 
 __all__ = ["ZooKeeperLockBackend"]
 
@@ -123,58 +124,7 @@ class ZooKeeperLockBackend(BaseLockBackend):
     @classmethod
     def check(cls, alias: str, params: dict[str, Any]) -> list:
         """Return system check errors for this backend's LOCKS entry."""
-        from django.core.checks import Error
-
-        where = f"LOCKS[{alias!r}]"
-        errors = []
-
-        def error(msg: str, hint: str) -> None:
-            errors.append(
-                Error(msg, hint=hint, obj="settings.LOCKS", id="distlock.E016")
-            )
-
-        location = params.get("LOCATION")
-        hosts = location if isinstance(location, (list, tuple)) else None
-        if isinstance(location, str):
-            hosts = location.split("/", 1)[0].split(",")
-        ok = bool(hosts)
-        for host in hosts or ():
-            h, _, port = (
-                str(host).rpartition(":") if ":" in str(host) else (host, "", "")
-            )
-            ok = ok and isinstance(host, str) and bool(h or port)
-            ok = ok and (port == "" or (port.isdigit() and 0 < int(port) < 65536))
-        if not ok:
-            error(
-                f"{where}['LOCATION'] must be 'host:port[,host:port...]' or a list "
-                f"of 'host:port', not {location!r}.",
-                "For example '10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181'.",
-            )
-        options = params.get("OPTIONS") or {}
-        unknown = sorted(set(options) - cls.OPTION_KEYS)
-        if unknown:
-            error(
-                f"{where}['OPTIONS'] has unknown keys: {unknown}.",
-                f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
-            )
-        for key in ("SESSION_TIMEOUT", "CONNECT_TIMEOUT"):
-            value = options.get(key, 1)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or value <= 0
-            ):
-                error(
-                    f"{where}['OPTIONS'][{key!r}] must be a positive number "
-                    "of seconds.",
-                    "SESSION_TIMEOUT bounds how long a dead process keeps its locks.",
-                )
-        if not isinstance(options.get("KAZOO_KWARGS", {}), dict):
-            error(
-                f"{where}['OPTIONS']['KAZOO_KWARGS'] must be a dict.",
-                "It is passed to kazoo's KazooClient as keyword arguments.",
-            )
-        return errors
+        return check_entry(alias, params, cls.OPTION_KEYS, cls.__name__)
 
     # -- the session --------------------------------------------------------
 
@@ -236,10 +186,8 @@ class ZooKeeperLockBackend(BaseLockBackend):
         reason = f"ZooKeeper session {state.lower()}"
 
         def report() -> None:
-            from ..watchdog import report_lost
-
             for lease in leases:
-                report_lost(self, lease, reason)
+                self.report_loss(lease, reason)
 
         threading.Thread(target=report, name="distlock-zk-lost", daemon=True).start()
 
