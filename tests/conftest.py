@@ -98,3 +98,22 @@ def cross_process_kind(backend_kind):
     if backend_kind == "locmem":
         pytest.skip("locmem locks do not reach other processes")
     return backend_kind
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mariadb_version_read(django_db_blocker):
+    """Read MariaDB's version once, with database access allowed.
+
+    Django 6.1's model checks ask the ``mysql`` alias for the server's
+    version (``mysql_is_mariadb``, a cached property): without this, a test
+    that runs the system checks would need database access of its own.
+    """
+    from django.db import connections
+
+    if "mysql" not in connections:
+        return
+    with django_db_blocker.unblock():
+        try:
+            connections["mysql"].mysql_server_info  # noqa: B018 (cached)
+        except Exception:  # unreachable: the tests that need it say so
+            pass
