@@ -30,13 +30,7 @@ import threading
 import time
 from typing import Any
 
-from ...signals import (
-    lock_acquired,
-    lock_contended,
-    lock_error,
-    lock_lost,
-    lock_released,
-)
+from ..receivers import LockSignalReceiver
 
 __all__ = ["LockTracing", "install"]
 
@@ -47,7 +41,7 @@ def _ns_ago(seconds: float) -> int:
     return time.time_ns() - int(seconds * 1e9)
 
 
-class LockTracing:
+class LockTracing(LockSignalReceiver):
     """Turn the lock signals into spans of ``tracer_provider``.
 
     ``tracer_provider`` defaults to OpenTelemetry's global one (looked up at
@@ -61,23 +55,6 @@ class LockTracing:
 
         self.tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
         self.record_name = record_name
-        self._uid = f"django_distlock.contrib.otel:{id(self)}"
-
-    def connect(self) -> None:
-        """Start making spans from the lock signals."""
-        uid = self._uid
-        lock_acquired.connect(self._acquired, weak=False, dispatch_uid=uid)
-        lock_contended.connect(self._contended, weak=False, dispatch_uid=uid)
-        lock_error.connect(self._error, weak=False, dispatch_uid=uid)
-        lock_released.connect(self._released, weak=False, dispatch_uid=uid)
-        lock_lost.connect(self._lost, weak=False, dispatch_uid=uid)
-
-    def disconnect(self) -> None:
-        """Stop making spans."""
-        uid = self._uid
-        for signal in (lock_acquired, lock_contended, lock_error, lock_released):
-            signal.disconnect(dispatch_uid=uid)
-        lock_lost.disconnect(dispatch_uid=uid)
 
     def _attributes(self, alias: str, name: str, lease=None, **more) -> dict:
         attributes = {"distlock.backend": alias, **more}

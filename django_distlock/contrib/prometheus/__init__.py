@@ -28,13 +28,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ...signals import (
-    lock_acquired,
-    lock_contended,
-    lock_error,
-    lock_lost,
-    lock_released,
-)
+from ..receivers import LockSignalReceiver
 
 __all__ = ["LockMetrics", "install"]
 
@@ -60,7 +54,7 @@ WAIT_BUCKETS = (
 HOLD_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 
 
-class LockMetrics:
+class LockMetrics(LockSignalReceiver):
     """The lock metrics on one ``registry``, updated from the lock signals.
 
     ``LockMetrics(registry)`` creates the metrics; :meth:`connect` starts
@@ -108,23 +102,6 @@ class LockMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        self._uid = f"django_distlock.contrib.prometheus:{id(self)}"
-
-    def connect(self) -> None:
-        """Start updating the metrics from the lock signals."""
-        uid = self._uid
-        lock_acquired.connect(self._acquired, weak=False, dispatch_uid=uid)
-        lock_contended.connect(self._contended, weak=False, dispatch_uid=uid)
-        lock_error.connect(self._error, weak=False, dispatch_uid=uid)
-        lock_released.connect(self._released, weak=False, dispatch_uid=uid)
-        lock_lost.connect(self._lost, weak=False, dispatch_uid=uid)
-
-    def disconnect(self) -> None:
-        """Stop updating the metrics."""
-        uid = self._uid
-        for signal in (lock_acquired, lock_contended, lock_error, lock_released):
-            signal.disconnect(dispatch_uid=uid)
-        lock_lost.disconnect(dispatch_uid=uid)
 
     # Receivers: one lease is either released or lost, never both, so the
     # gauge goes down once per acquisition.
