@@ -14,6 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ..handler import locks
+from . import selected_aliases
 
 __all__ = ["PING_NAME", "add_ping_parser", "handle_ping", "ping"]
 
@@ -45,13 +46,7 @@ def add_ping_parser(subparsers) -> None:
 
 def handle_ping(cmd: BaseCommand, *, using: str | None = None, **options: Any) -> None:
     """Carry out ``manage.py locks ping`` for the ``locks`` command ``cmd``."""
-    aliases = list(locks.settings)
-    if using is not None:
-        if using not in aliases:
-            raise CommandError(
-                f"Unknown LOCKS alias {using!r}; configured: {', '.join(aliases)}."
-            )
-        aliases = [using]
+    aliases = selected_aliases(using)
     failed = []
     for alias in aliases:
         try:

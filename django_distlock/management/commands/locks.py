@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_distlock.backends.base import BaseLockBackend, Holder
 from django_distlock.exceptions import LockError
 from django_distlock.handler import locks
+from django_distlock.management import selected_aliases
 from django_distlock.management.ping import add_ping_parser, handle_ping
 from django_distlock.management.run import add_run_parser, handle_run
 
@@ -97,14 +98,7 @@ class Command(BaseCommand):
     # -- helpers ------------------------------------------------------------
 
     def backends(self, using: str | None) -> list[BaseLockBackend]:
-        aliases = list(locks.settings)
-        if using is not None:
-            if using not in aliases:
-                raise CommandError(
-                    f"Unknown LOCKS alias {using!r}; configured: {', '.join(aliases)}."
-                )
-            aliases = [using]
-        return [locks[alias] for alias in aliases]
+        return [locks[alias] for alias in selected_aliases(using)]
 
     def unreachable(self, backend: BaseLockBackend, exc: Exception) -> None:
         # One line per backend: scripts read stderr line by line.
