@@ -41,6 +41,20 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def wait_listening(proc: subprocess.Popen, port: int, what: str) -> None:
+    """Wait (10 s at most) until ``proc`` listens on ``port`` of 127.0.0.1.
+
+    Raise RuntimeError naming ``what`` (and what it wrote on stderr, if that
+    was piped) when it exits or the time runs out first.
+    """
+    deadline = time.monotonic() + 10
+    while not port_open("127.0.0.1", port, 0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"{what} on port {port} did not start {err}".strip())
+        time.sleep(0.02)
+
+
 class RedisServer:
     """One ``redis-server`` process on a free loopback port, with no persistence."""
 
@@ -78,11 +92,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while not port_open("127.0.0.1", self.port, 0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
+        wait_listening(self.proc, self.port, "redis-server")
         return self
 
     def kill(self) -> None:

@@ -23,7 +23,7 @@ from django.test import override_settings
 from django_distlock import lock, locks
 
 from .contract import LockBackendContract
-from .servers import free_port, port_open, unavailable
+from .servers import free_port, unavailable, wait_listening
 from .test_database_backend import db_locks
 
 pytestmark = [
@@ -85,13 +85,11 @@ class PgBouncer:
         self.proc = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        deadline = time.monotonic() + 10
-        while not port_open("127.0.0.1", self.port, 0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                self.stop()
-                raise RuntimeError(f"pgbouncer did not start: {err}")
-            time.sleep(0.02)
+        try:
+            wait_listening(self.proc, self.port, "pgbouncer")
+        except RuntimeError:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
