@@ -25,7 +25,13 @@ try:
 except ImportError:  # Python 3.10: redis-py depends on async-timeout there
     from async_timeout import timeout as async_timeout
 
-__all__ = ["CLUSTER_SCHEMES", "MAX_WAIT_SLICE", "RedisClients", "async_timeout"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "MAX_WAIT_SLICE",
+    "RedisClients",
+    "async_timeout",
+    "no_retry_kwargs",
+]
 
 #: LOCATION schemes of a Redis Cluster (the rest of the URL as for redis://).
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -52,6 +58,32 @@ def _pool_checks_connections() -> dict[str, Any]:
     from redis.maint_notifications import MaintNotificationsConfig
 
     return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+def no_retry_kwargs(
+    socket_timeout: float | None,
+    connect_timeout: float | None,
+    *,
+    for_asyncio: bool = False,
+) -> dict[str, Any]:
+    """Return redis-py connection keywords with these timeouts and no retry.
+
+    Our scripts are not all idempotent: the driver must never resend a
+    command whose reply was lost. Errors surface as LockBackendError.
+    """
+    from redis.backoff import NoBackoff
+
+    if for_asyncio:
+        from redis.asyncio.retry import Retry
+    else:
+        from redis.retry import Retry
+
+    return {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+    }
 
 
 class RedisClients:
@@ -81,21 +113,9 @@ class RedisClients:
     # -- configuration ----------------------------------------------------
 
     def _kwargs(self, for_asyncio: bool = False) -> dict[str, Any]:
-        from redis.backoff import NoBackoff
-
-        if for_asyncio:
-            from redis.asyncio.retry import Retry
-        else:
-            from redis.retry import Retry
-
-        kwargs = {
-            "socket_timeout": self.socket_timeout,
-            "socket_connect_timeout": self.connect_timeout,
-            # Our scripts are not all idempotent: never let the driver resend
-            # a command whose reply was lost. Errors surface as LockBackendError.
-            "retry": Retry(NoBackoff(), 0),
-            "retry_on_timeout": False,
-        }
+        kwargs = no_retry_kwargs(
+            self.socket_timeout, self.connect_timeout, for_asyncio=for_asyncio
+        )
         kwargs.update(self.options.get("CONNECTION_POOL_KWARGS", {}))
         return kwargs
 

@@ -23,7 +23,7 @@ import weakref
 from typing import Any
 
 from ..base import current_pid
-from ..redis.client import async_timeout
+from ..redis.client import async_timeout, no_retry_kwargs
 from .steps import (
     SCRIPTS,
     UNREAD,
@@ -143,19 +143,10 @@ class FanoutExecutor:
         self._prelude_len = len(_prelude())
 
     def _conn_kwargs(self, for_asyncio: bool = False) -> dict[str, Any]:
-        from redis.backoff import NoBackoff
-
-        if for_asyncio:
-            from redis.asyncio.retry import Retry
-        else:
-            from redis.retry import Retry
-
         kwargs = {
-            "socket_timeout": self.node_timeout,
-            "socket_connect_timeout": self.connect_timeout,
-            # Scripts must never be resent by the driver behind our back.
-            "retry": Retry(NoBackoff(), 0),
-            "retry_on_timeout": False,
+            **no_retry_kwargs(
+                self.node_timeout, self.connect_timeout, for_asyncio=for_asyncio
+            ),
             # No CLIENT SETINFO round trip on connect (it would stall on a
             # stopped node, one node after the other).
             **_no_client_setinfo(),
