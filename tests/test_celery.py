@@ -32,23 +32,10 @@ from .manage_py import ROOT, ManagePy
 from .servers import RedisServer
 from .surface import try_lock, wait_until
 
-
-@pytest.fixture
-def locmem():
-    setting = {
-        "default": {
-            "BACKEND": "django_distlock.backends.locmem.LocMemLockBackend",
-            "LOCATION": f"celery-{time.monotonic_ns()}",
-        }
-    }
-    with override_settings(LOCKS=setting):
-        yield
-
-
 # -- in-process -----------------------------------------------------------------
 
 
-def test_placeholders_come_from_the_arguments(locmem):
+def test_placeholders_come_from_the_arguments(distlock_locmem):
     seen = []
 
     @locked_task("report:<tenant>:<kind>")
@@ -75,7 +62,7 @@ def test_bad_declarations_fail_at_import():
         locked_task("x", ttl=0)
 
 
-def test_busy_outside_a_worker(locmem, caplog):
+def test_busy_outside_a_worker(distlock_locmem, caplog):
     calls = []
 
     def body(key):
@@ -128,7 +115,7 @@ def bound_task(self, item):
     return f"{self.name} {item}"
 
 
-def test_bound_task_retries_when_busy_in_apply(locmem):
+def test_bound_task_retries_when_busy_in_apply(distlock_locmem):
     assert bound_task.apply(("x",)).get() == "tests.test_celery.bound_task x"
     attempts = []
 

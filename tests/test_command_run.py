@@ -35,18 +35,6 @@ from .surface import down_locks, wait_until
 HOST = socket.gethostname()
 
 
-@pytest.fixture
-def locmem():
-    setting = {
-        "default": {
-            "BACKEND": "django_distlock.backends.locmem.LocMemLockBackend",
-            "LOCATION": f"run-{time.monotonic_ns()}",
-        }
-    }
-    with override_settings(LOCKS=setting):
-        yield
-
-
 def run(*args):
     out, err = io.StringIO(), io.StringIO()
     call_command("locks", "run", *args, stdout=out, stderr=err)
@@ -77,14 +65,14 @@ class HeldElsewhere:
 # -- in-process ---------------------------------------------------------------
 
 
-def test_runs_the_command_holding_the_lock(locmem):
+def test_runs_the_command_holding_the_lock(distlock_locmem):
     out, err = run("job", "--", "distlock_job", "--say", "hi", "--check-held", "job")
     assert out.strip() == "hi"
     assert err == ""
     assert lock("job", timeout=0).acquire()  # released afterwards
 
 
-def test_exit_status_is_the_commands(locmem):
+def test_exit_status_is_the_commands(distlock_locmem):
     with pytest.raises(CommandError) as raised:
         run("job", "--", "distlock_job", "--error", "3")
     assert raised.value.returncode == 3
@@ -94,7 +82,7 @@ def test_exit_status_is_the_commands(locmem):
     assert lock("job", timeout=0).acquire()  # released after each failure
 
 
-def test_busy_exits_75_naming_the_holder(locmem, tmp_path):
+def test_busy_exits_75_naming_the_holder(distlock_locmem, tmp_path):
     record = tmp_path / "ran"
     other = HeldElsewhere("job")
     try:
@@ -114,7 +102,7 @@ def test_busy_exits_75_naming_the_holder(locmem, tmp_path):
         other.close()
 
 
-def test_timeout_waits_for_the_holder(locmem):
+def test_timeout_waits_for_the_holder(distlock_locmem):
     other = HeldElsewhere("job")
     threading.Timer(0.3, other.close).start()
     started = time.monotonic()
@@ -123,7 +111,7 @@ def test_timeout_waits_for_the_holder(locmem):
     assert 0.2 < time.monotonic() - started < 8
 
 
-def test_options_before_and_after_name(locmem):
+def test_options_before_and_after_name(distlock_locmem):
     ttls = []
 
     def seen(sender, lease, **kwargs):
@@ -140,7 +128,7 @@ def test_options_before_and_after_name(locmem):
     assert ttls == [7.0, 9.0, 4.0]
 
 
-def test_usage_errors(locmem):
+def test_usage_errors(distlock_locmem):
     with pytest.raises(CommandError, match="Unknown command: 'no_such_command'"):
         run("job", "--", "no_such_command")
     with pytest.raises(CommandError, match="Put '--'"):
@@ -164,7 +152,7 @@ def test_backend_unreachable_exits_69():
     assert "unreachable" in str(raised.value)
 
 
-def test_lease_lost_while_running_is_an_error(locmem):
+def test_lease_lost_while_running_is_an_error(distlock_locmem):
     def take_it_away():
         wait_until(lambda: any(locks["default"].holders("job")), what="the holder")
         (holder,) = locks["default"].holders("job")
@@ -178,7 +166,7 @@ def test_lease_lost_while_running_is_an_error(locmem):
     assert raised.value.returncode == 1
 
 
-def test_run_locked_returns_the_result(locmem):
+def test_run_locked_returns_the_result(distlock_locmem):
     assert run_locked("fn", lambda: 42) == 42
     other = HeldElsewhere("fn")
     try:
@@ -197,7 +185,7 @@ class SkippingCommand(LockedCommand):
         self.stdout.write("skipping command ran")
 
 
-def test_locked_command_class(locmem):
+def test_locked_command_class(distlock_locmem):
     out = io.StringIO()
     call_command("distlock_locked_job", stdout=out)
     assert out.getvalue().strip() == "locked job ran"
@@ -237,7 +225,7 @@ class PerTenantCommand(LockedCommand):
         self.stdout.write(f"imported {tenant}")
 
 
-def test_locked_command_named_after_its_options(locmem):
+def test_locked_command_named_after_its_options(distlock_locmem):
     other = HeldElsewhere("import:acme")
     try:
         with pytest.raises(CommandError) as raised:
