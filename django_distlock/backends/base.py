@@ -27,8 +27,19 @@ from asgiref.sync import sync_to_async
 from ..exceptions import LockNotHeld
 from .handoff import Handoff
 from .holders import Holder
+from .kinds import EXCLUSIVE, SHARED, Kind, permit
 
-__all__ = ["BaseLockBackend", "Holder", "Lease", "holder_identity", "new_token"]
+__all__ = [
+    "EXCLUSIVE",
+    "SHARED",
+    "BaseLockBackend",
+    "Holder",
+    "Kind",
+    "Lease",
+    "holder_identity",
+    "new_token",
+    "permit",
+]
 
 DEFAULT_TTL = 30.0
 DEFAULT_TIMEOUT = 10.0
@@ -89,8 +100,9 @@ class Lease:
 
     ``deadline`` is a :func:`time.monotonic` instant by which the lease has
     surely expired unless renewed: it is measured from just before the
-    acquiring request was sent, so it errs early. ``state`` is private to the
-    backend that made the lease.
+    acquiring request was sent, so it errs early. ``kind`` says whether it is
+    an exclusive lease, a shared one or a semaphore permit. ``state`` is
+    private to the backend that made the lease.
     """
 
     alias: str
@@ -104,6 +116,7 @@ class Lease:
     state: Any = None
     lost: bool = False
     lost_reported: bool = False
+    kind: Kind = EXCLUSIVE
 
     def remaining(self) -> float:
         """Return the seconds left before the lease expires, as seen locally."""
@@ -129,6 +142,9 @@ class BaseLockBackend:
 
     #: True if the same owner may acquire a lock it already holds.
     reentrant = False
+    #: The kinds of acquisition (:class:`~.kinds.Kind` modes) the backend
+    #: offers; the lock handle refuses the others before calling it.
+    kinds: frozenset[str] = frozenset({"exclusive"})
     #: True if fencing tokens survive server restarts and failovers, so that
     #: ``save(fence=...)`` can rely on them.
     durable_fencing = True
@@ -160,11 +176,18 @@ class BaseLockBackend:
 
     # -- the lock itself --------------------------------------------------
 
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+    def acquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Lease | None:
         """Acquire ``name`` for ``ttl`` seconds, waiting up to ``timeout``.
 
-        Return the Lease, or None if the lock stayed busy for the whole wait.
-        Raise LockBackendError if the backend cannot be reached.
+        ``kind`` (one of :attr:`kinds`) asks for an exclusive lease, a shared
+        one, or a permit of a semaphore: an exclusive waiter queues new
+        shared requests behind it; permits are granted in FIFO order; a
+        permit whose ``limit`` differs from the one its current holders
+        passed raises ValueError. Return the Lease, or None if the lock
+        stayed busy for the whole wait. Raise LockBackendError if the backend
+        cannot be reached.
         """
         raise NotImplementedError(
             "subclasses of BaseLockBackend must provide an acquire() method"
@@ -215,34 +238,44 @@ class BaseLockBackend:
             "subclasses of BaseLockBackend must provide a holders() method"
         )
 
-    def holder_of(self, name: str) -> Holder | None:
-        """Return the current holder of ``name``, or None if it is free or unknown.
+    def holder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
+        """Return the holder that keeps ``kind`` of ``name`` busy, or None.
 
         Called once after an acquisition found the lock busy, to name the
-        holder in ``LockNotAcquired``. This default reads the listing; backends
-        that can look one name up in a single round trip override it.
+        holder in ``LockNotAcquired``: for a permit, the permit that expires
+        first. This default reads the listing; backends that can look one
+        name up in a single round trip override it.
         """
+        semaphore = kind.mode == "permit"
+        found = None
         for holder in self.holders(prefix=name):
-            if holder.name == name:
-                return holder
-        return None
+            if holder.name != name or (holder.kind.mode == "permit") != semaphore:
+                continue
+            if kind.mode == "shared" and holder.kind.mode == "shared":
+                continue
+            if found is None or (holder.expires_ts or 0) < (found.expires_ts or 0):
+                found = holder
+        return found
 
-    def force_release(self, name: str, token: str) -> bool:
+    def force_release(self, name: str, token: str, kind: Kind = EXCLUSIVE) -> bool:
         """Delete the lease of ``name`` if its token is still ``token``.
 
-        A lock re-taken since it was listed is left alone; fencing counters
-        are never reset. Return True if a lease was removed.
+        ``kind`` is the listed holder's: a permit lives apart from locks of
+        the same name; the other holders of a shared lock or a semaphore are
+        left alone. A lock re-taken since it was listed is left alone;
+        fencing counters are never reset. Return True if a lease was removed.
         """
         raise NotImplementedError(
             "subclasses of BaseLockBackend must provide a force_release() method"
         )
 
-    def force_release_many(self, items: Iterable[tuple[str, str]]) -> list[bool]:
-        """Force-release each ``(name, token)``; return one result per item.
+    def force_release_many(self, items: Iterable[tuple]) -> list[bool]:
+        """Force-release each ``(name, token)`` or ``(name, token, kind)``.
 
-        Backends that can batch the round trips override this.
+        Return one result per item. Backends that can batch the round trips
+        override this.
         """
-        return [self.force_release(name, token) for name, token in items]
+        return [self.force_release(*item) for item in items]
 
     def clear_stale(self) -> int:
         """Remove expired or orphaned lock records, never a live lease.
@@ -263,7 +296,7 @@ class BaseLockBackend:
     # -- asyncio twins ----------------------------------------------------
 
     async def aacquire(
-        self, name: str, ttl: float, timeout: float | None
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
     ) -> Lease | None:
         """Async twin of :meth:`acquire`.
 
@@ -278,11 +311,13 @@ class BaseLockBackend:
             if lease is not None:
                 self.release(lease)
 
-        return await Handoff(undo).arun(self.acquire, name, ttl, timeout)
+        if kind is EXCLUSIVE:
+            return await Handoff(undo).arun(self.acquire, name, ttl, timeout)
+        return await Handoff(undo).arun(self.acquire, name, ttl, timeout, kind)
 
-    async def aholder_of(self, name: str) -> Holder | None:
+    async def aholder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
         """Async twin of :meth:`holder_of`."""
-        return await sync_to_async(self.holder_of, thread_sensitive=False)(name)
+        return await sync_to_async(self.holder_of, thread_sensitive=False)(name, kind)
 
     async def arelease(self, lease: Lease) -> bool:
         """Async twin of :meth:`release`."""

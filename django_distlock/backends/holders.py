@@ -13,6 +13,8 @@ from datetime import datetime, timedelta, timezone
 from operator import attrgetter
 from typing import Any
 
+from .kinds import EXCLUSIVE, Kind
+
 __all__ = ["Holder"]
 
 
@@ -73,8 +75,9 @@ class Holder:
 
     Immutable and compared by value, like a frozen dataclass of the fields
     ``backend``, ``name``, ``token``, ``host``, ``pid``, ``thread``,
-    ``acquired_at``, ``expires_at`` (aware UTC datetimes, or None) and
-    ``fencing_token``.
+    ``acquired_at``, ``expires_at`` (aware UTC datetimes, or None),
+    ``fencing_token`` and ``kind`` (exclusive, shared, or a permit of a
+    semaphore).
 
     A listing builds holders by the hundred thousand, so they are cheap to
     make: plain slots behind read-only properties, and a backend that reads
@@ -93,6 +96,7 @@ class Holder:
         "_acquired",
         "_expires",
         "_fencing_token",
+        "_kind",
     )
 
     def __init__(
@@ -106,6 +110,7 @@ class Holder:
         acquired_at: datetime | None = None,
         expires_at: datetime | None = None,
         fencing_token: int | None = None,
+        kind: Kind = EXCLUSIVE,
     ):
         self._backend = backend
         self._name = name
@@ -116,6 +121,7 @@ class Holder:
         self._acquired = acquired_at
         self._expires = expires_at
         self._fencing_token = fencing_token
+        self._kind = kind
 
     @classmethod
     def from_ms(
@@ -129,9 +135,12 @@ class Holder:
         acquired_ms: int | None,
         expires_ms: int | None,
         fencing_token: int | None,
+        kind: Kind = EXCLUSIVE,
     ) -> Holder:
         """Return a holder whose times are given in epoch milliseconds (UTC)."""
-        self = cls(backend, name, token, host, pid, thread, None, None, fencing_token)
+        self = cls(
+            backend, name, token, host, pid, thread, None, None, fencing_token, kind
+        )
         # Kept as numbers; the datetimes are built only if they are read.
         self._acquired = acquired_ms
         self._expires = expires_ms
@@ -144,6 +153,7 @@ class Holder:
     pid = property(attrgetter("_pid"), doc="The holder's process id.")
     thread = property(attrgetter("_thread"), doc="The holder's thread (/task).")
     fencing_token = property(attrgetter("_fencing_token"), doc="The lease's fence.")
+    kind = property(attrgetter("_kind"), doc="The lease's Kind.")
 
     @property
     def acquired_at(self) -> datetime | None:
@@ -201,6 +211,8 @@ class Holder:
             "acquired_at": acquired,
             "expires_at": expires,
             "fencing_token": self._fencing_token,
+            "kind": self._kind.mode,
+            "limit": self._kind.limit,
         }
 
     def as_json(self) -> str:
@@ -220,7 +232,9 @@ class Holder:
             f'"pid": {"null" if pid is None else pid}, '
             f'"thread": {_encode(self._thread)}}}, '
             f'"acquired_at": {acquired}, "expires_at": {expires}, '
-            f'"fencing_token": {"null" if fence is None else fence}}}'
+            f'"fencing_token": {"null" if fence is None else fence}, '
+            f'"kind": "{self._kind.mode}", '
+            f'"limit": {"null" if self._kind.limit is None else self._kind.limit}}}'
         )
 
     def _fields(self) -> tuple:
@@ -234,6 +248,7 @@ class Holder:
             self.acquired_at,
             self.expires_at,
             self._fencing_token,
+            self._kind,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -250,5 +265,5 @@ class Holder:
             f"token={self._token!r}, host={self._host!r}, pid={self._pid!r}, "
             f"thread={self._thread!r}, acquired_at={self.acquired_at!r}, "
             f"expires_at={self.expires_at!r}, "
-            f"fencing_token={self._fencing_token!r})"
+            f"fencing_token={self._fencing_token!r}, kind={self._kind!r})"
         )
