@@ -24,12 +24,14 @@ from typing import Any
 
 from ...exceptions import LockBackendError
 from ...keys import encode_name
-from ..base import Lease, holder_identity, new_token
+from ..base import EXCLUSIVE, Lease, holder_identity, new_token
 from ..steps import StepsBackend
 from . import checks
 from .client import RedisClients, async_timeout
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
+from .kind_listing import RedisKindListing
 from .listing import RedisListing
+from .sharing import RedisKinds
 
 __all__ = ["RedisLockBackend"]
 
@@ -41,7 +43,7 @@ WAITER_GRACE_MS = 1000
 Command = tuple
 
 
-class RedisLockBackend(RedisListing, StepsBackend):
+class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend):
     """Locks on one Redis server (or the server behind a django-redis cache).
 
     ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
@@ -57,6 +59,8 @@ class RedisLockBackend(RedisListing, StepsBackend):
     ``OPTIONS["SERVICE_NAME"]`` reaches the primary that Redis Sentinel
     currently names, and no LOCATION is needed.
     ``OPTIONS["SENTINEL_KWARGS"]`` is passed to the connections to sentinels.
+
+    Shared leases and semaphore permits: :mod:`.sharing`.
     """
 
     drivers = (("redis", "redis"),)
@@ -269,6 +273,8 @@ class RedisLockBackend(RedisListing, StepsBackend):
     def _renewals(self, leases: list[Lease]) -> list[Command]:
         return [
             ("eval", EXTEND, (self.keys_for(le.name).lease,), [le.token, ms(le.ttl)])
+            if le.kind is EXCLUSIVE
+            else self._kind_renewal(le)
             for le in leases
         ]
 
