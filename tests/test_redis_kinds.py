@@ -126,6 +126,26 @@ class KindsContract:
         assert backend.is_held(late[0])
         assert backend.release(late[0])
 
+    def test_readers_queued_behind_a_writer_enter_together(self, backend, name):
+        writer = backend.acquire(name, TTL, 0)
+        threads = []
+        for n in (1, 2, 3):
+            threads.append(_thread(backend.acquire, name, TTL, 10, SHARED))
+            _wait_until(lambda n=n: _queued(backend, name) == n)
+        assert backend.release(writer)
+        for t, _ in threads:
+            t.join()
+        readers = [got[0] for _, got in threads]
+        assert all(r is not None and backend.is_held(r) for r in readers)
+        assert len({r.fencing_token for r in readers}) == 1
+        assert readers[0].fencing_token > writer.fencing_token
+        assert _queued(backend, name) == 0
+        listed = {h.token for h in backend.holders(name)}
+        assert listed == {r.token for r in readers}
+        for r in readers:
+            assert backend.release(r)
+        assert backend.acquire(name, TTL, 0) is not None
+
     def test_dead_writer_does_not_block_readers(self, backend, name):
         reader = backend.acquire(name, TTL, 0, SHARED)
         # A writer queued with a 200 ms record that never comes back.
@@ -320,6 +340,8 @@ class KindsContract:
 
             p = await backend.aacquire(name, TTL, 0, permit(1))
             assert (await backend.aholder_of(name, permit(1))).token == p.token
+            assert await backend.aholder_of(name) is None
+            assert await backend.aholder_of(name + "?", permit(1)) is None
             with pytest.raises(ValueError):
                 await backend.aacquire(name, TTL, 0, permit(2))
             # A cancelled waiter leaves the queue: the permit is not handed

@@ -8,12 +8,12 @@ hash that only marks a lock as shared is left out of that listing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator
-
-from asgiref.sync import sync_to_async
 
 from ...keys import decode_name, encode_name, glob_escape
 from ..base import EXCLUSIVE, SHARED, Holder, Kind, permit
+from .client import async_timeout
 from .sharing import LIST_KIND, MARK, PURGE, SharedKeys, holder_keys
 
 __all__ = ["RedisKindListing"]
@@ -143,12 +143,33 @@ class RedisKindListing:
         return self._first_expiring(self._holders_of(name, SHARED))
 
     async def aholder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
-        """Async twin of :meth:`holder_of`."""
-        if kind is EXCLUSIVE or kind.exclusive:
-            holder = await super().aholder_of(name)
-            if holder is None or holder.token != MARK:
-                return holder
-        return await sync_to_async(self.holder_of, thread_sensitive=False)(name, kind)
+        """Async twin of :meth:`holder_of`, on the event loop's own client."""
+        if kind.mode == "permit":
+            return self._first_expiring(await self._aholders_of(name, kind))
+        holder = await super().aholder_of(name)
+        if holder is None or holder.token != MARK:
+            return holder
+        if kind.mode == "shared":
+            return None
+        return self._first_expiring(await self._aholders_of(name, SHARED))
+
+    async def _aholders_of(self, name: str, kind: Kind) -> list[Holder]:
+        """Async twin of :meth:`_holders_of`."""
+        import redis
+
+        keys = holder_keys(self.keys_for(name), kind)
+        script = self.redis.ascript(LIST_KIND)
+        try:
+            async with async_timeout(self.redis.adeadline):
+                reply = await script(
+                    keys=keys.held, args=[encode_name(name), keys.mark]
+                )
+        except redis.exceptions.RedisError as e:
+            raise self._error(e, "look up the holder") from e
+        except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
+            error = redis.exceptions.TimeoutError("Timeout")
+            raise self._error(error, "look up the holder") from e
+        return list(_holders(self.alias, kind.mode == "permit", reply))
 
     @staticmethod
     def _first_expiring(holders: list[Holder]) -> Holder | None:
