@@ -157,6 +157,35 @@ class KindsContract:
         assert later is not None
         assert backend.release(reader) and backend.release(later)
 
+    def test_writer_first_after_the_readers_died(self, backend, name):
+        backend.acquire(name, 0.3, 0, SHARED)  # never released: it dies
+        # A queued writer (live for 10 s) that has not noticed the expiry yet.
+        keys = backend.keys_for(name)
+        args = ["writer", 5000, name, "h", 1, "t", 10_000]
+        assert backend._execute(("eval", ACQUIRE, keys.triple, args))[0] == 0
+        time.sleep(0.35)
+        # A reader asking first hands the free lock to the writer.
+        assert backend.acquire(name, TTL, 0, SHARED) is None
+        assert backend.holder_of(name).token == "writer"
+        assert backend.client.lrange(keys.wake_prefix + "writer", 0, -1) != []
+
+    def test_listing_ignores_a_longer_key_prefix(self, backend, name):
+        from django_distlock.keys import name_digest
+
+        other = type(backend)(
+            "other",
+            {**backend.params, "KEY_PREFIX": f"distlock:{{{name_digest('x')}}}"},
+        )
+        try:
+            s = other.acquire(name, TTL, 0, SHARED)
+            p = other.acquire(name, TTL, 0, permit(2))
+            assert {h.token for h in other.holders()} >= {s.token, p.token}
+            mine = {h.token for h in backend.holders()}
+            assert s.token not in mine and p.token not in mine
+            assert other.release(s) and other.release(p)
+        finally:
+            other.close()
+
     def test_per_holder_release_extend_force_release(self, backend, name):
         a = backend.acquire(name, TTL, 0, SHARED)
         b = backend.acquire(name, TTL, 0, SHARED)

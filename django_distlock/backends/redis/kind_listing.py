@@ -64,51 +64,54 @@ class RedisKindListing:
                 yield holder
         yield from self._kind_holders(prefix)
 
+    def _holder_zsets(self) -> Iterator[tuple[bytes, bool]]:
+        """Yield ``(key, is_semaphore)`` of every holders ZSET: one SCAN."""
+        pattern = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}:*"
+        # Exactly "<prefix>:{<digest>}:s" or ":pz": the keys of an alias whose
+        # KEY_PREFIX starts with ours plus a digest-like part never match.
+        size = len(self.key_prefix.encode()) + 46
+        for key in self.client.scan_iter(match=pattern, count=LIST_BATCH, _type="ZSET"):
+            if len(key) == size + 2 and key.endswith(b":s"):
+                yield key, False
+            elif len(key) == size + 3 and key.endswith(b":pz"):
+                yield key, True
+
     def _kind_holders(self, prefix: str) -> Iterator[Holder]:
         import redis
 
-        base = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}"
         wanted = encode_name(prefix)
         try:
-            for suffix, semaphore in ((":s", False), (":pz", True)):
-                batch: list[bytes] = []
-                keys = self.client.scan_iter(
-                    match=base + suffix, count=LIST_BATCH, _type="ZSET"
-                )
-                for key in keys:
-                    batch.append(key)
-                    if len(batch) >= LIST_BATCH:
-                        yield from self._read_kinds(batch, semaphore, wanted)
-                        batch = []
-                if batch:
-                    yield from self._read_kinds(batch, semaphore, wanted)
+            batch: list[tuple[bytes, bool]] = []
+            for found in self._holder_zsets():
+                batch.append(found)
+                if len(batch) >= LIST_BATCH:
+                    yield from self._read_kinds(batch, wanted)
+                    batch = []
+            if batch:
+                yield from self._read_kinds(batch, wanted)
         except redis.exceptions.RedisError as e:
             raise self._error(e, "list locks") from e
 
-    def _owner_of(self, zset_key: bytes, semaphore: bool) -> tuple[str, str, str]:
-        """Return the holders ZSET, owner hash and metadata keys of a ZSET."""
+    @staticmethod
+    def _owner_of(zset_key: bytes, semaphore: bool) -> tuple[str, str, str, str]:
+        """Return the holders ZSET, owner hash, metadata keys and the mark."""
         key = zset_key.decode()
         if semaphore:
             owner = key[: -len("z")]
-            return (key, owner, owner + "m")
+            return (key, owner, owner + "m", "")
         owner = key[: -len(":s")]
-        return (key, owner, owner + ":m")
+        return (key, owner, owner + ":m", MARK)
 
     def _read_kinds(
-        self, keys: list[bytes], semaphore: bool, wanted: bytes
+        self, found: list[tuple[bytes, bool]], wanted: bytes
     ) -> Iterator[Holder]:
-        mark = "" if semaphore else MARK
         pipe = self.client.pipeline(transaction=False)
-        for key in keys:
+        for key, semaphore in found:
+            zset, owner, meta, mark = self._owner_of(key, semaphore)
             pipe.execute_command(
-                "EVAL",
-                LIST_KIND.source,
-                3,
-                *self._owner_of(key, semaphore),
-                wanted,
-                mark,
+                "EVAL", LIST_KIND.source, 3, zset, owner, meta, wanted, mark
             )
-        for reply in pipe.execute():
+        for (_, semaphore), reply in zip(found, pipe.execute()):
             yield from _holders(self.alias, semaphore, reply)
 
     def _holders_of(self, name: str, kind: Kind) -> list[Holder]:
@@ -211,18 +214,15 @@ class RedisKindListing:
         """
         import redis
 
-        base = glob_escape(self.key_prefix) + ":{" + "?" * 43 + "}"
         removed = 0
         try:
-            for suffix, semaphore in ((":s", False), (":pz", True)):
-                mark = "" if semaphore else MARK
-                keys = self.client.scan_iter(
-                    match=base + suffix, count=LIST_BATCH, _type="ZSET"
-                )
+            found = list(self._holder_zsets())
+            for start in range(0, len(found), LIST_BATCH):
                 pipe = self.client.pipeline(transaction=False)
-                for key in keys:
+                for key, semaphore in found[start : start + LIST_BATCH]:
+                    zset, owner, meta, mark = self._owner_of(key, semaphore)
                     pipe.execute_command(
-                        "EVAL", PURGE.source, 3, *self._owner_of(key, semaphore), mark
+                        "EVAL", PURGE.source, 3, zset, owner, meta, mark
                     )
                 removed += sum(int(r) for r in pipe.execute())
         except redis.exceptions.RedisError as e:

@@ -93,7 +93,7 @@ end
 if not writer then
   mine = true
 end
-if holder == nil and writer and not mine and #granted == 0 then
+if not holder and writer and not mine and #granted == 0 then
   -- The lock is free and an exclusive waiter comes first: hand it the lease
   -- (its holders expired; nobody released it).
   local w, r = writer[1], writer[2]
