@@ -76,9 +76,17 @@ class KindsContract:
 
     # -- shared ---------------------------------------------------------------
 
-    def test_declared_kinds(self, backend):
+    def test_declared_kinds(self, backend, name):
         assert backend.kinds == {"exclusive", "shared", "permit"}
         assert ReentrantRedisLockBackend.kinds == {"exclusive"}
+        reentrant = ReentrantRedisLockBackend("r", backend.params)
+        try:
+            with pytest.raises(ValueError, match="does not offer shared"):
+                reentrant.acquire(name, TTL, 0, SHARED)
+        finally:
+            reentrant.close()
+        with pytest.raises(ValueError, match="positive int"):
+            backend.acquire(name, TTL, 0, permit(0))
 
     def test_shared_holders_coexist_and_exclude_exclusive(self, backend, name):
         a = backend.acquire(name, TTL, 0, SHARED)
@@ -156,6 +164,20 @@ class KindsContract:
         later = backend.acquire(name, TTL, 5, SHARED)
         assert later is not None
         assert backend.release(reader) and backend.release(later)
+
+    def test_last_reader_admits_readers_left_behind_a_dead_writer(self, backend, name):
+        reader = backend.acquire(name, TTL, 0, SHARED)
+        keys = backend.keys_for(name)
+        args = ["deadwriter", 5000, name, "h", 1, "t", 200]
+        assert backend._execute(("eval", ACQUIRE, keys.triple, args))[0] == 0
+        t, late = _thread(backend.acquire, name, TTL, 10, SHARED)
+        _wait_until(lambda: _queued(backend, name) == 2)
+        time.sleep(0.3)  # the writer's record lapses
+        assert backend.release(reader)
+        t.join()
+        assert late[0] is not None and backend.is_held(late[0])
+        assert backend.holder_of(name).token == late[0].token
+        assert backend.release(late[0])
 
     def test_writer_first_after_the_readers_died(self, backend, name):
         backend.acquire(name, 0.3, 0, SHARED)  # never released: it dies
