@@ -545,3 +545,21 @@ class TestAcrossProcesses:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.join(10)
+
+
+def test_clear_stale_command_removes_expired_permits(process_locks):
+    """``manage.py locks clear --stale`` reaches the expired permits."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    backend = process_locks
+    name = f"kinds:stale:{uuid.uuid4().hex[:8]}"
+    live = backend.acquire(name, TTL, 0, permit(2))
+    backend.acquire(name, 0.2, 0, permit(2))
+    time.sleep(0.3)
+    out = StringIO()
+    call_command("locks", "clear", "--stale", "--noinput", stdout=out)
+    assert "Cleared 1 stale lock(s)." in out.getvalue()
+    assert [h.token for h in backend.holders(name)] == [live.token]
+    assert backend.release(live)
