@@ -130,6 +130,7 @@ class RedisKinds:
     def acquire(
         self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
     ) -> Lease | None:
+        """Acquire ``name`` as ``kind``: see :meth:`.BaseLockBackend.acquire`."""
         if kind is EXCLUSIVE or kind.mode == "exclusive":
             return self._run(self._acquire_steps(name, ttl, timeout))
         self._check_kind(kind)
@@ -139,40 +140,47 @@ class RedisKinds:
     def aacquire(
         self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
     ) -> Awaitable[Lease | None]:
+        """Async twin of :meth:`acquire`."""
         if kind is EXCLUSIVE or kind.mode == "exclusive":
             return self._arun(self._acquire_steps(name, ttl, timeout))
         self._check_kind(kind)
         return self._arun(self._kind_acquire_steps(name, ttl, timeout, kind))
 
     def release(self, lease: Lease) -> bool:
+        """Release ``lease`` (of its own kind); False if no longer held."""
         if lease.kind is EXCLUSIVE or lease.kind.exclusive:
             return self._run(self._release_steps(lease))
         return self._run(self._kind_release_steps(lease))
 
     @markcoroutinefunction
     def arelease(self, lease: Lease) -> Awaitable[bool]:
+        """Async twin of :meth:`release`."""
         if lease.kind is EXCLUSIVE or lease.kind.exclusive:
             return self._arun(self._release_steps(lease))
         return self._arun(self._kind_release_steps(lease))
 
     def extend(self, lease: Lease, ttl: float) -> bool:
+        """Make ``lease`` expire ``ttl`` seconds from now; False if not held."""
         if lease.kind is EXCLUSIVE or lease.kind.exclusive:
             return self._run(self._extend_steps(lease, ttl))
         return self._run(self._kind_extend_steps(lease, ttl))
 
     @markcoroutinefunction
     def aextend(self, lease: Lease, ttl: float) -> Awaitable[bool]:
+        """Async twin of :meth:`extend`."""
         if lease.kind is EXCLUSIVE or lease.kind.exclusive:
             return self._arun(self._extend_steps(lease, ttl))
         return self._arun(self._kind_extend_steps(lease, ttl))
 
     def is_held(self, lease: Lease) -> bool:
+        """Return True if ``lease`` still holds its lock, share or permit."""
         if lease.kind is EXCLUSIVE or lease.kind.exclusive:
             return self._run(self._is_held_steps(lease))
         return self._run(self._kind_is_held_steps(lease))
 
     @markcoroutinefunction
     def ais_held(self, lease: Lease) -> Awaitable[bool]:
+        """Async twin of :meth:`is_held`."""
         if lease.kind is EXCLUSIVE or lease.kind.exclusive:
             return self._arun(self._is_held_steps(lease))
         return self._arun(self._kind_is_held_steps(lease))
