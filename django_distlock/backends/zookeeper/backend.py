@@ -49,7 +49,8 @@ from urllib.parse import quote
 from ...exceptions import LockBackendError
 from ...keys import decode_name, encode_name, name_digest
 from ..base import BaseLockBackend, Holder, Lease, holder_identity, new_token
-from .checks import check_entry
+from ..options import Dict, Seconds
+from .checks import check_location
 
 __all__ = ["ZooKeeperLockBackend"]
 
@@ -105,7 +106,18 @@ class ZooKeeperLockBackend(BaseLockBackend):
 
     drivers = (("kazoo", "zookeeper"),)
 
-    OPTION_KEYS = {"SESSION_TIMEOUT", "CONNECT_TIMEOUT", "KAZOO_KWARGS"}
+    options_schema = {
+        "SESSION_TIMEOUT": Seconds(
+            "SESSION_TIMEOUT bounds how long a dead process keeps its locks."
+        ),
+        "CONNECT_TIMEOUT": Seconds(
+            "It bounds the wait for a connection to the ensemble."
+        ),
+        "KAZOO_KWARGS": Dict(
+            "It is passed to kazoo's KazooClient as keyword arguments."
+        ),
+    }
+    options_check_id = "distlock.E016"
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
@@ -122,9 +134,9 @@ class ZooKeeperLockBackend(BaseLockBackend):
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check errors for this backend's LOCKS entry."""
-        return check_entry(alias, params, cls.OPTION_KEYS, cls.__name__)
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check the form of LOCATION (hosts and ports)."""
+        return check_location(alias, params)
 
     # -- the session --------------------------------------------------------
 
