@@ -227,6 +227,11 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
         from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
 
         if kind.mode == "permit":
+            if not isinstance(kind.limit, int) or kind.limit < 1:
+                raise ValueError(
+                    f"Semaphore {name!r} needs a limit of at least 1, "
+                    f"not {kind.limit!r}."
+                )
             directory = self._sem_dir(name)
             token = new_token()
         else:

@@ -123,13 +123,16 @@ def take_turn(
     path, stat = create_node(client, name, directory, token, waiting)
     mine = path.rsplit("/", 1)[1]
     server_now = stat.mtime
+    # One watcher for the whole wait: kazoo keeps a set of watchers per
+    # node, so re-arming the same function each turn does not pile them up.
+    woken = threading.Event()
+
+    def wake(_event) -> None:
+        woken.set()
+
     try:
         while True:
-            woken = threading.Event()
-
-            def wake(_event, woken=woken) -> None:
-                woken.set()
-
+            woken.clear()
             if limit is None:
                 children = sorted(client.get_children(directory), key=seq)
             else:
