@@ -52,6 +52,10 @@ class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBack
     """
 
     drivers = (("redis", "redis"),)
+    #: Shared locks would be sound on a quorum but are not implemented;
+    #: semaphores are not (per-node counts admit more than the limit): see
+    #: "Shared locks and semaphores" in docs/backends/redlock.md.
+    kinds = frozenset({"exclusive"})
 
     #: Tokens survive any minority of nodes losing their data; beyond that
     #: they rest on the nodes' clocks (see the docs page).

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from ...exceptions import LockBackendError
 from ...keys import glob_escape
 from ..base import Holder
+from ..kinds import EXCLUSIVE, Kind
 from .algorithm import single
 from .steps import STALE_AFTER, Failed, Fanout, unpack_meta
 
@@ -131,20 +132,31 @@ class RedlockListing:
                 return holder
         return None
 
-    def holder_of(self, name: str) -> Holder | None:
-        """Return the holder of ``name`` on a quorum (one round trip), or None."""
+    def holder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
+        """Return the holder of ``name`` on a quorum (one round trip), or None.
+
+        Only exclusive leases exist here (:attr:`kinds`): any other ``kind``
+        has no holder.
+        """
+        if not kind.exclusive:
+            return None
         return self._holder_of(self._run(single(self._lookup(name))))
 
-    async def aholder_of(self, name: str) -> Holder | None:
+    async def aholder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
         """Async twin of :meth:`holder_of`."""
+        if not kind.exclusive:
+            return None
         return self._holder_of(await self._arun(single(self._lookup(name))))
 
-    def force_release(self, name: str, token: str) -> bool:
+    def force_release(self, name: str, token: str, kind: Kind = EXCLUSIVE) -> bool:
         """Delete the lease ``token`` of ``name`` on every node that has it.
 
         Return True if any node removed it: the lock is then no longer held
-        by a quorum unless it was re-taken, which this never undoes.
+        by a quorum unless it was re-taken, which this never undoes. A
+        ``kind`` other than exclusive (none exists here) removes nothing.
         """
+        if not kind.exclusive:
+            return False
         results = self._run(
             single(Fanout([self._release_command(self.keys_for(name), token)]))
         )
