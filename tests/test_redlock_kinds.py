@@ -20,6 +20,7 @@ from django_distlock import locks
 from django_distlock.backends.kinds import EXCLUSIVE, SHARED, permit
 from django_distlock.backends.redlock.steps import reader_keys
 from tests import zookeeper_kinds_workers as kw
+from tests.cluster_servers import wait_until
 from tests.procs import run_in_processes
 from tests.servers import RedisServer
 from tests.test_redlock import backend_for, redlock_locks
@@ -98,11 +99,22 @@ def test_shared_leases_coexist_and_exclude_exclusive(backend):
     assert not backend.release(b)  # released already
 
 
-def test_writer_preference_and_prompt_handover(backend):
+def registered(nodes, key: str) -> int:
+    """How many nodes have a waiter registered under ``key``."""
+    count = 0
+    for node in nodes:
+        client = node.client()
+        count += client.zcard(key) > 0
+        client.close()
+    return count
+
+
+def test_writer_preference_and_prompt_handover(backend, nodes):
     name = unique("pref")
     reader = backend.acquire(name, 30, 0, SHARED)
     writer_thread, writer = in_thread(backend.acquire, name, 30, 30)
-    time.sleep(0.3)  # the writer is queued (registered) by now
+    waiters = backend.keys_for(name)[2]
+    wait_until(lambda: registered(nodes, waiters) == 5, 30, "the writer to queue")
     assert backend.acquire(name, 30, 0.3, SHARED) is None
     late_thread, late = in_thread(backend.acquire, name, 30, 30, SHARED)
     assert backend.release(reader)
@@ -156,12 +168,18 @@ def test_last_reader_expiring_frees_the_lock(backend, nodes):
     backend.acquire(name, 0.3, 0, SHARED)  # never renewed, never released
     writer = backend.acquire(name, 30, 10)
     assert writer is not None
-    # The readers' records went with their lease: nothing is left behind.
-    for key in reader_keys(backend.keys_for(name)[0]):
+    # The readers' records expire with their lease: nothing is left behind.
+    keys = reader_keys(backend.keys_for(name)[0])
+
+    def left() -> int:
+        count = 0
         for node in nodes:
             client = node.client()
-            assert not client.exists(key)
+            count += client.exists(*keys)
             client.close()
+        return count
+
+    wait_until(lambda: left() == 0, 10, "the readers' records to expire")
     backend.release(writer)
 
 

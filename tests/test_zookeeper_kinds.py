@@ -253,8 +253,8 @@ class TestPermits:
 
         def wait(i: int) -> None:
             lease = backend.acquire(name, 30, 60, permit(2))
-            order.append(i)
             leases.append(lease)
+            order.append(i)
 
         threads = []
         for i in range(4):
@@ -262,15 +262,17 @@ class TestPermits:
             t.start()
             threads.append(t)
             wait_until(lambda i=i: queue_length(backend, directory) == 3 + i, 30, "q")
-        backend.release(held[0])
-        wait_until(lambda: order == [0], 30, "the first waiter")
-        backend.release(held[1])
-        wait_until(lambda: order == [0, 1], 30, "the second waiter")
-        for lease in list(leases):
+        # One permit given back at a time: exactly the oldest waiter gets it
+        # (two released together would wake two waiters at once, and their
+        # threads would then record them in either order).
+        for i, lease in enumerate([*held, None, None]):
+            if lease is None:
+                lease = leases[i - 2]
             backend.release(lease)
+            wait_until(lambda i=i: len(order) == i + 1, 30, f"waiter {i}")
+            assert order == list(range(i + 1))
         for t in threads:
             t.join(60)
-        assert order == [0, 1, 2, 3]
         for lease in leases[2:]:
             backend.release(lease)
 
