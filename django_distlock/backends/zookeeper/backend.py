@@ -55,7 +55,8 @@ from ...exceptions import LockBackendError
 from ...keys import name_digest
 from ..base import BaseLockBackend, Lease, new_token
 from ..kinds import EXCLUSIVE, Kind
-from .checks import check_entry
+from ..options import Dict, Seconds
+from .checks import check_location
 from .listing import SEMAPHORES, ZooKeeperListing
 from .nodes import SHARED_MARK, ZkNode, ms, node_data
 from .queue import take_turn
@@ -76,7 +77,18 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
     drivers = (("kazoo", "zookeeper"),)
     kinds = frozenset({"exclusive", "shared", "permit"})
 
-    OPTION_KEYS = {"SESSION_TIMEOUT", "CONNECT_TIMEOUT", "KAZOO_KWARGS"}
+    options_schema = {
+        "SESSION_TIMEOUT": Seconds(
+            "SESSION_TIMEOUT bounds how long a dead process keeps its locks."
+        ),
+        "CONNECT_TIMEOUT": Seconds(
+            "It bounds the wait for a connection to the ensemble."
+        ),
+        "KAZOO_KWARGS": Dict(
+            "It is passed to kazoo's KazooClient as keyword arguments."
+        ),
+    }
+    options_check_id = "distlock.E016"
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
@@ -93,9 +105,9 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check errors for this backend's LOCKS entry."""
-        return check_entry(alias, params, cls.OPTION_KEYS, cls.__name__)
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check the form of LOCATION (hosts and ports)."""
+        return check_location(alias, params)
 
     # -- the session --------------------------------------------------------
 
