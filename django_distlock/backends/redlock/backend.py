@@ -24,22 +24,28 @@ every later acquisition, whose majority meets that one, gets a larger token.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
+from asgiref.sync import markcoroutinefunction
+
 from ..base import Lease
+from ..kinds import EXCLUSIVE, Kind
 from ..options import Dict, Number, Seconds
 from ..steps import StepsBackend
 from .algorithm import RedlockAlgorithm
 from .checks import check_location
 from .fanout import FanoutExecutor
 from .listing import RedlockListing
+from .shared import RedlockShared
 from .steps import Node, lock_keys, ms
 
 __all__ = ["RedlockBackend"]
 
 
-class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBackend):
+class RedlockBackend(
+    RedlockListing, FanoutExecutor, RedlockShared, RedlockAlgorithm, StepsBackend
+):
     """Locks held by a majority of independent Redis masters (Redlock).
 
     ``LOCATION`` is a list of at least 3 redis URLs (an odd count is best).
@@ -54,6 +60,10 @@ class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBack
     """
 
     drivers = (("redis", "redis"),)
+    #: Shared locks carry the quorum argument over; semaphores do not
+    #: (per-node counts admit more than the limit): see "Shared locks and
+    #: semaphores" in docs/backends/redlock.md.
+    kinds = frozenset({"exclusive", "shared"})
 
     #: Tokens survive any minority of nodes losing their data; beyond that
     #: they rest on the nodes' clocks (see the docs page).
@@ -123,6 +133,32 @@ class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBack
         return [(start + i) % len(self.nodes) for i in range(len(self.nodes))]
 
     # -- the contract -----------------------------------------------------
+
+    def acquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Lease | None:
+        if kind is EXCLUSIVE:
+            return self._run(self._acquire_steps(name, ttl, timeout))
+        return self._run(self._other_acquire_steps(name, ttl, timeout, kind))
+
+    @markcoroutinefunction
+    def aacquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Awaitable[Lease | None]:
+        if kind is EXCLUSIVE:
+            return self._arun(self._acquire_steps(name, ttl, timeout))
+        return self._arun(self._other_acquire_steps(name, ttl, timeout, kind))
+
+    def _other_acquire_steps(self, name, ttl, timeout, kind: Kind):
+        """The steps of an acquisition of a ``kind`` other than EXCLUSIVE."""
+        if kind.mode == "shared":
+            return self._shared_acquire_steps(name, ttl, timeout)
+        if kind.exclusive:
+            return self._acquire_steps(name, ttl, timeout)
+        raise ValueError(
+            f"Redlock backend {self.alias!r} offers no semaphores (lock {name!r}): "
+            "per-node permit counts cannot bound the permits held by a quorum."
+        )
 
     def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
         """Renew every lease on every node in one pipelined round trip."""
