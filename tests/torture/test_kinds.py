@@ -1,0 +1,384 @@
+"""Shared locks and semaphores under server faults: paused, killed, restarted.
+
+Readers and writers of one readers-writer lock, and the holders of one
+permit of a limit-3 semaphore, run in spawned worker processes
+(:mod:`.kinds_workers`) while the server is SIGSTOPped for three TTLs, or
+SIGKILLed and started again: single-instance Redis (restarted empty), Redlock
+(a minority of its five nodes) and ZooKeeper (restarted on its data).
+Redlock offers no semaphores (docs/backends/redlock.md), so it runs the
+readers-writer scenarios only.
+
+The scenarios reuse :class:`~.harness.Run` (phases, fault window, recovery,
+the report), with two adapters kept in this file so that the harness is
+untouched: a pool of servants that run the kinds worker, and the oracle
+below, which turns a kinds history into the same :class:`~.history.Verdict`
+the exclusive scenarios report (its ``overlaps`` count the kinds'
+violations; the kinds' own counts go to its notes).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from ..procs import start_process
+from .conftest import backends
+from .harness import _ACTIVE, Env, Run, Servant, abort_runs, make_env
+from .history import Verdict, check
+from .kinds_workers import kinds_servant
+
+LIMIT = 3
+TTL = 1.0
+
+# -- the oracle ----------------------------------------------------------------
+
+
+def _confirmed(section: dict) -> bool:
+    """True if the section's holder released it: it held the lease throughout.
+
+    A section whose holder learned of the loss (``LockLost``, or a backend
+    error at release) is excluded as the exclusive oracle excludes it.
+    """
+    return section["rel"] == "ok"
+
+
+def _most_at_once(sections: list[dict]) -> int:
+    """Return the largest number of ``sections`` inside at one instant."""
+    edges = sorted(
+        [(s["start"], 1) for s in sections] + [(s["end"], -1) for s in sections],
+        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
+    )
+    inside = most = 0
+    for _, step in edges:
+        inside += step
+        most = max(most, inside)
+    return most
+
+
+def check_kinds(
+    scenario: str,
+    backend: str,
+    events: list[dict],
+    fault_end: float | None,
+    limit: int | None = None,
+) -> Verdict:
+    """Judge a history of readers and writers, or of permits of ``limit``.
+
+    As :func:`~.history.check` does for exclusive locks, sections of a name
+    are taken in the order they started, and a later section that starts
+    before an earlier one ended overlaps it; an overlap is a violation only
+    if the earlier section's release succeeded (its holder kept the lease
+    all along; one whose loss was reported is the fencing case, counted in
+    ``reported_losses``). Counted in ``overlaps``:
+
+    - readers-writer: every overlapping pair with a writer in it;
+    - semaphore: every section that started while ``limit`` earlier
+      confirmed sections were still inside (for ``limit`` 1, exactly the
+      exclusive rule).
+
+    ``token_regressions``: a confirmed writer whose fencing token is not
+    above every token of the confirmed sections that started before it.
+    Attempts, waits and contract errors are counted by ``check`` itself
+    (without the mutex oracle, which does not model readers or permits).
+    """
+    verdict = check(
+        scenario,
+        backend,
+        [e for e in events if e["k"] != "cs"],
+        {},
+        fault_end=fault_end,
+        reentrant=True,  # skips check_mutex: not a mutex history
+    )
+    sections = [e for e in events if e["k"] == "cs"]
+    verdict.critical_sections = len(sections)
+    verdict.confirmed = sum(1 for s in sections if _confirmed(s))
+    verdict.reported_losses = len(sections) - verdict.confirmed
+    by_name = defaultdict(list)
+    for s in sections:
+        by_name[s["name"]].append(s)
+    for items in by_name.values():
+        items.sort(key=lambda s: s["start"])
+        for i, later in enumerate(items):
+            inside = [
+                earlier
+                for earlier in items[:i]
+                if later["start"] < earlier["end"] and _confirmed(earlier)
+            ]
+            if limit is not None:
+                if len(inside) >= limit:
+                    verdict.overlaps += 1
+                    verdict.notes.append(
+                        f"overlap: {later['id']} started {later['start']:.4f} "
+                        f"with {len(inside)} confirmed permits inside "
+                        f"({', '.join(e['id'] for e in inside)})"
+                    )
+                continue
+            for earlier in inside:
+                if "exclusive" in (earlier["mode"], later["mode"]):
+                    verdict.overlaps += 1
+                    verdict.notes.append(
+                        f"overlap: {earlier['mode']} {earlier['id']} "
+                        f"[{earlier['start']:.4f}, {earlier['end']:.4f}] "
+                        f"released ok, {later['mode']} {later['id']} started "
+                        f"{later['start']:.4f}"
+                    )
+        if limit is None:
+            highest = None
+            for s in items:
+                if not _confirmed(s):
+                    continue
+                if s["mode"] == "exclusive" and highest is not None:
+                    if s["token"] <= highest:
+                        verdict.token_regressions += 1
+                        verdict.notes.append(
+                            f"writer {s['id']} got token {s['token']} after {highest}"
+                        )
+                highest = s["token"] if highest is None else max(highest, s["token"])
+    modes = Counter(s["mode"] for s in sections)
+    if limit is None:
+        readers = [s for s in sections if s["mode"] == "shared"]
+        verdict.notes.append(
+            f"{modes['exclusive']} writer and {modes['shared']} reader sections, "
+            f"up to {_most_at_once(readers)} readers at once"
+        )
+    else:
+        verdict.notes.append(
+            f"{modes['permit']} permit sections of {limit}, up to "
+            f"{_most_at_once([s for s in sections if _confirmed(s)])} confirmed "
+            f"({_most_at_once(sections)} counting lost ones) at once"
+        )
+    if fault_end is not None:
+        verdict.recovered_workers = len(
+            {s["w"] for s in sections if s["start"] > fault_end and _confirmed(s)}
+        )
+    else:
+        verdict.recovered_workers = len({s["w"] for s in sections})
+    return verdict
+
+
+# -- the run: the harness's, with kinds servants and the kinds oracle -------------
+
+
+class KindsServant(Servant):
+    """A long-lived worker process that runs kinds jobs."""
+
+    def __init__(self):
+        ctx = multiprocessing.get_context("spawn")
+        self.jobs = ctx.Queue()
+        self.done = ctx.Queue()
+        self.proc = start_process(kinds_servant, self.jobs, self.done)
+
+
+_POOL: list[KindsServant] = []
+
+
+def kinds_servants(count: int) -> list[KindsServant]:
+    """Return ``count`` idle kinds servants, starting new ones as needed."""
+    _POOL[:] = [s for s in _POOL if s.alive()]
+    while len(_POOL) < count:
+        _POOL.append(KindsServant())
+    return _POOL[:count]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kinds_pool():
+    """Stop the kinds servants at the end of the module."""
+    yield
+    for s in _POOL:
+        s.jobs.put(None)
+    for s in _POOL:
+        s.proc.join(10)
+        if s.proc.is_alive():
+            s.kill()
+    _POOL.clear()
+
+
+class KindsRun(Run):
+    """A :class:`~.harness.Run` of readers and writers (``limit`` None) or of
+    permits of a ``limit``-permit semaphore, judged by :func:`check_kinds`."""
+
+    def __init__(self, scenario, env, tmp_path, *, limit=None, writers=0.3, **kw):
+        self.limit = limit
+        extra = {"limit": limit, "writers": writers}
+        super().__init__(scenario, env, tmp_path, records=(), extra=extra, **kw)
+
+    def start(self) -> KindsRun:
+        assert settings.LOCKS == self.env.locks, "LOCKS must be in force first"
+        from django.db import connections
+
+        db_names = {a: connections[a].settings_dict["NAME"] for a in settings.DATABASES}
+        self.procs = kinds_servants(len(self.configs))
+        for servant_, cfg in zip(self.procs, self.configs):
+            servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
+        _ACTIVE.append(self)  # abort_runs() stops it if the test fails
+        deadline = time.monotonic() + 120
+        while len(self.events("ready")) < len(self.procs):
+            if time.monotonic() > deadline:
+                raise AssertionError("the workers did not start")
+            if not all(s.alive() for s in self.procs):
+                raise AssertionError("a worker died while starting")
+            time.sleep(0.05)
+        return self
+
+    def verdict(self) -> Verdict:
+        return check_kinds(
+            self.scenario, self.env.kind, self.events(), self.fault_end, self.limit
+        )
+
+
+# -- backends ----------------------------------------------------------------------
+
+
+class ZooKeeperNode:
+    """A ZooKeeper server with the fault methods a RedisServer has."""
+
+    def __init__(self):
+        from tests.cluster_servers import ZooKeeperServer
+
+        self.server = ZooKeeperServer()
+
+    def start(self) -> ZooKeeperNode:
+        self.server.start()
+        return self
+
+    def kill(self) -> None:
+        self.resume()
+        self.server.kill()
+        self.server.log.close()
+
+    def pause(self) -> None:
+        os.kill(self.server.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.server.proc is not None and self.server.proc.poll() is None:
+            os.kill(self.server.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.resume()
+        self.server.stop()
+
+
+def zookeeper_env() -> Env:
+    """One ZooKeeper server (it keeps its data across a restart)."""
+    from tests.test_zookeeper import BACKEND
+
+    node = ZooKeeperNode().start()
+    entry = {
+        "BACKEND": BACKEND,
+        "LOCATION": node.server.hosts,
+        "TTL": TTL,
+        # A paused or dead server is noticed (SUSPENDED: leases lost) within
+        # about two thirds of this; the restart comes back within it.
+        "OPTIONS": {"SESSION_TIMEOUT": 3.0, "CONNECT_TIMEOUT": 3.0},
+    }
+    return Env("zookeeper", {"default": entry}, servers=[node])
+
+
+def kinds_backends(*kinds: str) -> list:
+    """pytest params: :func:`~.conftest.backends` plus ``zookeeper``."""
+    params = backends(*[k for k in kinds if k != "zookeeper"])
+    if "zookeeper" in kinds:
+        params.append(pytest.param("zookeeper", id="zookeeper"))
+    return params
+
+
+@pytest.fixture
+def kinds_env(request, kind):
+    """Start the backend of ``kind`` (ZooKeeper too); LOCKS point at it."""
+    environment = zookeeper_env() if kind == "zookeeper" else make_env(kind)
+    try:
+        with override_settings(LOCKS=environment.locks):
+            yield environment
+    finally:
+        abort_runs()
+        environment.stop()
+
+
+# -- faults --------------------------------------------------------------------------
+
+
+def pause(env: Env) -> None:
+    """SIGSTOP a server for three TTLs (of Redlock's five, one)."""
+    env.servers[0].pause()
+    time.sleep(3 * TTL)
+    env.servers[0].resume()
+
+
+def kill(env: Env) -> None:
+    """SIGKILL the server and start it again (of Redlock's five, two).
+
+    Redis comes back empty; ZooKeeper on its data directory.
+    """
+    victims = env.servers[:2] if env.kind == "redlock" else env.servers
+    for server in victims:
+        server.kill()
+    time.sleep(0.5)
+    for server in victims:
+        server.start()
+
+
+FAULTS = {
+    "paused": ("SIGSTOPped 3 x TTL", pause),
+    "killed": ("SIGKILLed, restarted", kill),
+}
+
+
+# -- scenarios -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("kind", kinds_backends("redis", "redlock", "zookeeper"))
+def test_readers_and_writers(kinds_env, kind, fault, tmp_path):
+    """Readers and writers of one lock, the server paused or killed.
+
+    No writer's section may overlap any other section (of a confirmed
+    holder); readers do overlap (the report says how many at once).
+    """
+    label, inject = FAULTS[fault]
+    run = KindsRun(
+        f"readers+writers, node {label}",
+        kinds_env,
+        tmp_path,
+        workers=4,
+        names=["torture:rw"],
+        ttl=TTL,
+        hold=0.02,
+        pause=0.005,
+    ).start()
+    run.load(1.0)
+    with run.fault():
+        inject(kinds_env)
+    verdict = run.finish(recovery=1.0)
+    assert verdict.critical_sections > 0
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("kind", kinds_backends("redis", "zookeeper"))
+def test_semaphore(kinds_env, kind, fault, tmp_path):
+    """Five workers on a limit-3 semaphore, the server paused or killed.
+
+    Never more than three confirmed permit holders inside at once.
+    """
+    label, inject = FAULTS[fault]
+    run = KindsRun(
+        f"semaphore of {LIMIT}, node {label}",
+        kinds_env,
+        tmp_path,
+        workers=5,
+        names=["torture:sem"],
+        limit=LIMIT,
+        ttl=TTL,
+        hold=0.02,
+        pause=0.005,
+    ).start()
+    run.load(1.0)
+    with run.fault():
+        inject(kinds_env)
+    run.finish(recovery=1.0)
