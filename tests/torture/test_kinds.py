@@ -382,3 +382,71 @@ def test_semaphore(kinds_env, kind, fault, tmp_path):
     with run.fault():
         inject(kinds_env)
     run.finish(recovery=1.0)
+
+
+# -- the oracle itself (no servers) ---------------------------------------------------
+
+
+def _cs(cs_id, mode, start, end, rel="ok", token=1, w=None):
+    return {
+        "k": "cs",
+        "w": w or cs_id,
+        "id": cs_id,
+        "name": "n",
+        "mode": mode,
+        "inv": start,
+        "start": start,
+        "end": end,
+        "done": end,
+        "token": token,
+        "write": {},
+        "rel": rel,
+    }
+
+
+def test_oracle_readers_and_writers():
+    """Readers may overlap each other, never a writer; a reported loss is
+    excluded as in the exclusive oracle; a writer's token must exceed every
+    earlier one."""
+    ok = check_kinds(
+        "t",
+        "b",
+        [
+            _cs("r1", "shared", 0, 2, token=5),
+            _cs("r2", "shared", 1, 3, token=5),
+            _cs("w1", "exclusive", 4, 5, token=6),
+            _cs("r3", "shared", 6, 8, rel="LockLost", token=6),
+            _cs("w2", "exclusive", 7, 9, token=7),
+        ],
+        fault_end=None,
+    )
+    assert (ok.violations, ok.reported_losses, ok.confirmed) == (0, 1, 4)
+    assert "up to 2 readers at once" in ok.notes[-1]
+    bad = check_kinds(
+        "t",
+        "b",
+        [
+            _cs("r1", "shared", 0, 2, token=5),
+            _cs("w1", "exclusive", 1, 3, token=6),
+            _cs("r2", "shared", 2.5, 4, token=6),
+            _cs("w2", "exclusive", 5, 6, token=6),
+        ],
+        fault_end=None,
+    )
+    assert (bad.overlaps, bad.token_regressions) == (2, 1)
+
+
+def test_oracle_semaphore():
+    """A section started while ``limit`` confirmed permits were inside is a
+    violation; lost permits do not count."""
+    inside = [_cs(f"p{i}", "permit", i * 0.1, 5) for i in range(3)]
+    bad = check_kinds(
+        "t", "b", [*inside, _cs("p3", "permit", 1, 2)], fault_end=None, limit=3
+    )
+    assert bad.overlaps == 1
+    inside[0]["rel"] = "LockBackendError"
+    ok = check_kinds(
+        "t", "b", [*inside, _cs("p3", "permit", 1, 2)], fault_end=None, limit=3
+    )
+    assert (ok.overlaps, ok.reported_losses) == (0, 1)
+    assert "up to 3 confirmed (4 counting lost ones)" in ok.notes[-1]
