@@ -16,6 +16,7 @@ sync client or its ``redis.asyncio`` twin (:mod:`.client`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Generator, Iterable
@@ -28,10 +29,13 @@ from ..base import Lease, holder_identity, new_token
 from ..steps import StepsBackend
 from . import checks
 from .client import RedisClients, async_timeout
+from .indoubt import InDoubt
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
 from .listing import RedisListing
 
 __all__ = ["RedisLockBackend"]
+
+release_log = logging.getLogger("django_distlock.release")
 
 #: How long after its expected next call a waiter's queue record stays valid.
 WAITER_GRACE_MS = 1000
@@ -179,16 +183,22 @@ class RedisLockBackend(RedisListing, StepsBackend):
                     keys, args, token, value, sent, deadline, blocking
                 )
         except GeneratorExit:
-            raise  # closed by the executor: no clean-up wanted (backend down)
+            # Closed by the executor: the server did not answer, but it may
+            # have granted or queued the attempt all the same. No round trip
+            # here (a dead or paused server must fail fast): the attempt is
+            # cancelled in the background once the server answers.
+            self._in_doubt(name, token, ttl)
+            raise
         except BaseException:
             # Interrupted (a cancelled task, KeyboardInterrupt...) after the
             # request may have reached the server: leave the waiter queue, and
             # give back a lease taken or handed over meanwhile, so that nobody
             # waits a whole ttl for a caller that is gone.
-            wake = keys.wake_prefix + token
-            got, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-            if got:
-                yield ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+            try:
+                yield from self._cancel_steps(keys, token)
+            except GeneratorExit:
+                self._in_doubt(name, token, ttl)
+                raise
             raise
         if not acquired:
             return None
@@ -200,6 +210,66 @@ class RedisLockBackend(RedisListing, StepsBackend):
             ttl=ttl,
             deadline=sent + ttl,
         )
+
+    def _cancel_steps(
+        self, keys: LockKeys, token: str
+    ) -> Generator[Command, Any, None]:
+        """Leave the waiter queue; give back a lease taken under ``token``."""
+        got, _ = yield (
+            "eval",
+            CANCEL,
+            (*keys.triple, keys.wake_prefix + token),
+            [token],
+        )
+        if got:
+            yield self._give_back_command(keys, token)
+
+    def _give_back_command(self, keys: LockKeys, token: str) -> Command:
+        """Return the command releasing ``token``'s lease (nothing if not held)."""
+        return ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+
+    # -- acquisitions whose outcome is unknown ----------------------------
+
+    @cached_property
+    def in_doubt(self) -> InDoubt:
+        """Return the canceller of this backend's in-doubt acquisitions."""
+        return InDoubt(f"redis-{self.alias}", self._cancel_in_doubt)
+
+    def _in_doubt(self, name: str, token: str, ttl: float) -> None:
+        # A grant lasts ttl; a waiter record may still be handed the lock
+        # for one wait slice and its grace, and that grant lasts ttl too.
+        lasts = ttl + self.max_wait_slice + WAITER_GRACE_MS / 1000
+        self.in_doubt.add((name, token), lasts)
+
+    def _cancel_in_doubt(self, items: list[tuple[str, str]]) -> list[bool]:
+        """Cancel in-doubt attempts: one pipelined round trip for all of them.
+
+        Per attempt, the cancel script (leave the queue; was it granted?)
+        and a release of its token: a compare-and-delete, so a release of a
+        token that holds nothing does nothing.
+        """
+        commands: list[Command] = []
+        for name, token in items:
+            keys = self.keys_for(name)
+            wake = keys.wake_prefix + token
+            commands.append(("eval", CANCEL, (*keys.triple, wake), [token]))
+            commands.append(self._give_back_command(keys, token))
+        replies = self._pipeline(commands)
+        done = []
+        for k, (name, _token) in enumerate(items):
+            cancelled, released = replies[2 * k], replies[2 * k + 1]
+            ok = not isinstance(cancelled, Exception) and not isinstance(
+                released, Exception
+            )
+            if ok and (cancelled[0] or released):
+                release_log.info(
+                    "Cancelled an acquisition of lock %r whose reply was lost "
+                    "(Redis lock backend %r).",
+                    name,
+                    self.alias,
+                )
+            done.append(ok)
+        return done
 
     def _wait_steps(
         self, keys, args, token, value, sent, deadline, blocking

@@ -240,14 +240,18 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         try:
             reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
         except GeneratorExit:
-            raise  # closed by the executor: no clean-up wanted (backend down)
+            # The server did not answer: cancelled in the background.
+            self._in_doubt(name, token, ttl)
+            raise
         except BaseException:
             # Interrupted (a cancelled task...) after the request may have
             # reached the server: leave the queue, give back a lease taken,
             # so that no waiter is handed a lock whose caller is gone.
-            handed, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-            if handed:
-                yield ("eval", R_RELEASE, keys.triple, [token, keys.wake_prefix, ""])
+            try:
+                yield from self._cancel_steps(keys, token)
+            except GeneratorExit:
+                self._in_doubt(name, token, ttl)
+                raise
             raise
         if reply[0] == 2 and not self._holds_live(name, reply[2].decode(), owner):
             # Re-entered levels no handle of ours holds: left by a release
@@ -272,24 +276,27 @@ class ReentrantRedisLockBackend(RedisLockBackend):
                 keys, args, owner, wake, reply, sent, deadline, blocking
             )
         except GeneratorExit:
-            raise  # closed by the executor (backend down): no round trip
+            # The server did not answer: cancelled in the background.
+            self._in_doubt(name, token, ttl)
+            raise
         except BaseException:
             # Interrupted (cancelled task, KeyboardInterrupt...) while queued:
             # leave the queue, and give back a lease handed over meanwhile.
             if blocking:
-                handed, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-                if handed:
-                    yield (
-                        "eval",
-                        R_RELEASE,
-                        keys.triple,
-                        [token, keys.wake_prefix, ""],
-                    )
+                try:
+                    yield from self._cancel_steps(keys, token)
+                except GeneratorExit:
+                    self._in_doubt(name, token, ttl)
+                    raise
             raise
         if got is None:
             return None
         holder, fence, deadline_at = got
         return self._lease(name, holder, fence, ttl, deadline_at, owner)
+
+    def _give_back_command(self, keys, token: str) -> Command:
+        # Every level of the lease: an in-doubt attempt's token is its own.
+        return ("eval", R_RELEASE, keys.triple, [token, keys.wake_prefix, ""])
 
     def _reentrant_wait_steps(
         self, keys, args, owner, wake, reply, sent, deadline, blocking
