@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .client import CLUSTER_SCHEMES
+from .client import CLUSTER_SCHEMES, WAIT_SHARE
 
 __all__ = ["CONNECTION_KEYS", "OPTION_KEYS", "check_redis"]
 
@@ -21,11 +21,16 @@ OPTION_KEYS = frozenset(
         "SENTINELS",
         "SERVICE_NAME",
         "SENTINEL_KWARGS",
+        "WAIT_REPLICAS",
+        "WAIT_REPLICAS_TIMEOUT",
     }
 )
 #: OPTIONS that set up a connection of the backend's own: with ``CACHE`` the
 #: django-redis pool's settings apply, and these would be silently ignored.
-CONNECTION_KEYS = OPTION_KEYS - {"CACHE"}
+CONNECTION_KEYS = OPTION_KEYS - {"CACHE", "WAIT_REPLICAS", "WAIT_REPLICAS_TIMEOUT"}
+#: The part of the socket timeout that a blocking wait leaves: WAIT after a
+#: waiter's BLPOP must fit in it.
+WAIT_ROOM = round(1 - WAIT_SHARE, 6)
 
 
 def _error(msg: str, hint: str, id: str):
@@ -59,6 +64,7 @@ def check_redis(backend: str, alias: str, params: dict[str, Any]) -> list:
                     "distlock.E009",
                 )
             )
+    errors += _check_wait_replicas(where, options)
     if not isinstance(options.get("CONNECTION_POOL_KWARGS", {}), dict):
         errors.append(
             _error(
@@ -222,4 +228,48 @@ def _check_scale_out(where: str, location: Any, options: dict) -> list | None:
                 "Remove the /<db> part of the URL.",
             )
         )
+    return errors
+
+
+def _check_wait_replicas(where: str, options: dict) -> list:
+    """Check ``WAIT_REPLICAS`` and ``WAIT_REPLICAS_TIMEOUT`` (distlock.E029)."""
+    errors = []
+    replicas = options.get("WAIT_REPLICAS", 0)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        errors.append(
+            _error(
+                f"{where}['OPTIONS']['WAIT_REPLICAS'] must be a whole number "
+                f"of replicas (0 or more), not {replicas!r}.",
+                "A grant counts once that many replicas confirmed it (WAIT); "
+                "0 (the default) does not wait.",
+                "distlock.E029",
+            )
+        )
+    if "WAIT_REPLICAS_TIMEOUT" not in options:
+        return errors
+    timeout = options["WAIT_REPLICAS_TIMEOUT"]
+    socket_timeout = options.get("SOCKET_TIMEOUT", 2.0)
+    number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if not number or timeout <= 0:
+        problem = "must be a positive number of seconds"
+    elif (
+        "CACHE" not in options
+        and isinstance(socket_timeout, (int, float))
+        and timeout >= socket_timeout * WAIT_ROOM
+    ):
+        problem = (
+            f"must be shorter than {WAIT_ROOM:g} x SOCKET_TIMEOUT "
+            f"({socket_timeout * WAIT_ROOM:g} s)"
+        )
+    else:
+        return errors
+    errors.append(
+        _error(
+            f"{where}['OPTIONS']['WAIT_REPLICAS_TIMEOUT'] {problem}, not {timeout!r}.",
+            "It bounds how long an acquisition waits for its replicas "
+            "(default 0.1 s); a waiter's blocking wait and WAIT share one "
+            "socket timeout.",
+            "distlock.E029",
+        )
+    )
     return errors

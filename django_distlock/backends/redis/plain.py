@@ -32,6 +32,7 @@ from .client import RedisClients, async_timeout
 from .indoubt import InDoubt
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
 from .listing import RedisListing
+from .replicas import WAIT_REPLICAS_TIMEOUT, ReplicaWait, granted_by, popped_by
 
 __all__ = ["RedisLockBackend"]
 
@@ -41,11 +42,12 @@ release_log = logging.getLogger("django_distlock.release")
 WAITER_GRACE_MS = 1000
 
 # A command for the executors: ("eval", script, keys, args), ("blpop", key,
-# seconds) or ("hget", key, field).
+# seconds), ("hget", key, field), or ("waited", command) for an eval or blpop
+# followed by WAIT in the same round trip (answered: (reply, replicas)).
 Command = tuple
 
 
-class RedisLockBackend(RedisListing, StepsBackend):
+class RedisLockBackend(RedisListing, ReplicaWait, StepsBackend):
     """Locks on one Redis server (or the server behind a django-redis cache).
 
     ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
@@ -75,6 +77,11 @@ class RedisLockBackend(RedisListing, StepsBackend):
         self.connect_timeout = self.redis.connect_timeout
         self.cluster = self.redis.cluster
         self._keys: dict[str, LockKeys] = {}
+        # WAIT_REPLICAS: a grant counts once that many replicas confirmed it.
+        self.wait_replicas = int(self.options.get("WAIT_REPLICAS") or 0)
+        self.wait_replicas_ms = ms(
+            float(self.options.get("WAIT_REPLICAS_TIMEOUT", WAIT_REPLICAS_TIMEOUT))
+        )
 
     @classmethod
     def check(cls, alias: str, params: dict[str, Any]) -> list:
@@ -119,6 +126,8 @@ class RedisLockBackend(RedisListing, StepsBackend):
                 return self.redis.client.blpop([command[1]], command[2])
             if kind == "hget":
                 return self.redis.client.hget(command[1], command[2])
+            if kind == "waited":
+                return self._waited(command[1])
         except redis.exceptions.RedisError as e:
             raise self._error(e, kind) from e
         raise AssertionError(f"unknown command {kind!r}")
@@ -141,6 +150,15 @@ class RedisLockBackend(RedisListing, StepsBackend):
             if kind == "hget":
                 async with async_timeout(deadline):
                     return await self.redis.aclient().hget(command[1], command[2])
+            if kind == "waited":
+                if self.cluster:
+                    # The node of a key, on the sync cluster client (see
+                    # _wait_client), in a worker thread.
+                    return await asyncio.to_thread(self._waited, command[1])
+                if deadline is not None and command[1][0] == "blpop":
+                    deadline += command[1][2]
+                async with async_timeout(deadline):
+                    return await self._awaited(command[1])
         except redis.exceptions.RedisError as e:
             raise self._error(e, kind) from e
         except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
@@ -177,7 +195,12 @@ class RedisLockBackend(RedisListing, StepsBackend):
         sent = start
         live_ms = ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         try:
-            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            if self.wait_replicas:
+                reply = yield from self._replicated(acquire, keys, token, granted_by)
+                acquired, value = reply or (0, 0)
+            else:
+                acquired, value = yield acquire
             if not acquired:
                 acquired, value, sent = yield from self._wait_steps(
                     keys, args, token, value, sent, deadline, blocking
@@ -281,26 +304,37 @@ class RedisLockBackend(RedisListing, StepsBackend):
             now = time.monotonic()
             if now >= deadline or not blocking:
                 if blocking:
-                    acquired, value = yield (
-                        "eval",
-                        CANCEL,
-                        (*keys.triple, wake),
-                        [token],
-                    )
+                    cancel = ("eval", CANCEL, (*keys.triple, wake), [token])
+                    if self.wait_replicas:
+                        reply = yield from self._replicated(
+                            cancel, keys, token, granted_by
+                        )
+                        acquired, value = reply or (0, 0)
+                    else:
+                        acquired, value = yield cancel
                 break
             # Sleep until woken by a handoff, or until the lease could have
             # expired (its holder may have died), or the slice ends.
             pttl = int(value) / 1000 if int(value) > 0 else 0.0
             wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
             if wait >= 0.001:
-                popped = yield ("blpop", wake, round(wait, 3))
+                blpop = ("blpop", wake, round(wait, 3))
+                if self.wait_replicas:
+                    popped = yield from self._replicated(blpop, keys, token, popped_by)
+                else:
+                    popped = yield blpop
                 if popped is not None:
                     acquired, value = 1, popped[1]
                     break
             sent = time.monotonic()
             slice_len = min(self.max_wait_slice, deadline - sent)
             live_ms = ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
-            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            if self.wait_replicas:
+                reply = yield from self._replicated(acquire, keys, token, granted_by)
+                acquired, value = reply or (0, 0)
+            else:
+                acquired, value = yield acquire
         return acquired, value, sent
 
     def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
