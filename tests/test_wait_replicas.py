@@ -9,6 +9,7 @@ acquired and is given back at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -136,6 +137,44 @@ def test_sentinel_grant_no_replica_confirmed_is_not_acquired(sentinel_setup, bac
             locks.reset()
 
 
+def test_sentinel_async_grant_waits_for_the_replica(sentinel_setup):
+    """aacquire() pipelines WAIT on the event loop's own client."""
+    primary, replica = _primary_and_replica(sentinel_setup)
+    name = f"async:{uuid.uuid4().hex}"
+    lease = LockKeys("distlock", name).lease
+
+    async def confirmed() -> None:
+        held = lock(name, ttl=30, auto_renew=False)
+        assert await held.aacquire(timeout=0)
+        assert _redis_client(replica.port).exists(lease)
+        await held.arelease()
+
+    async def unconfirmed() -> bool:
+        return await lock(name, ttl=30, auto_renew=False).aacquire(timeout=0)
+
+    with override_settings(LOCKS=sentinel_setting(sentinel_setup)):
+        try:
+            asyncio.run(confirmed())
+            cut_off(primary.port, replica)
+            try:
+                assert not asyncio.run(unconfirmed())
+                assert not _redis_client(primary.port).exists(lease)
+            finally:
+                replica.resume()
+            wait_until(
+                lambda: (
+                    _redis_client(replica.port)
+                    .info("replication")
+                    .get("master_link_status")
+                    == "up"
+                ),
+                60,
+                "the replica to sync again",
+            )
+        finally:
+            locks.reset()
+
+
 def test_sentinel_grant_survives_a_failover_right_after_it(sentinel_setup):
     """Runs last on this set-up: its primary is killed."""
     primary, replica = _primary_and_replica(sentinel_setup)
@@ -217,6 +256,25 @@ def test_cluster_grant_no_replica_confirmed_is_not_acquired(redis_cluster):
             held = lock(name, ttl=30, auto_renew=False)
             assert held.acquire(timeout=5)
             held.release()
+        finally:
+            locks.reset()
+
+
+def test_cluster_async_grant_waits_for_the_replica(redis_cluster):
+    name = f"async:{uuid.uuid4().hex}"
+    lease = LockKeys("distlock", name).lease
+    replica = redis_cluster.replica_of(redis_cluster.primary_of(lease))
+    wait_until(lambda: redis_cluster.is_synced_replica(replica), 60, "the replica")
+
+    async def confirmed() -> None:
+        held = lock(name, ttl=30, auto_renew=False)
+        assert await held.aacquire(timeout=0)
+        assert replica_reader(replica.port).exists(lease)
+        await held.arelease()
+
+    with override_settings(LOCKS=cluster_setting(redis_cluster)):
+        try:
+            asyncio.run(confirmed())
         finally:
             locks.reset()
 
