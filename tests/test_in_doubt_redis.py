@@ -292,7 +292,8 @@ def test_redlock_frozen_nodes_keep_no_grant(redlock_nodes):
             locks.reset()
 
 
-def test_redlock_dropped_reply_on_one_node_is_cancelled_there(redlock_nodes):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_redlock_dropped_reply_on_one_node_is_cancelled_there(redlock_nodes, mode):
     """The quorum granted; one node's reply was lost and it refuses new
     connections for a while: its grant is cancelled there once it answers."""
     proxy = DropReplyProxy("127.0.0.1", redlock_nodes[0].port)
@@ -306,8 +307,14 @@ def test_redlock_dropped_reply_on_one_node_is_cancelled_there(redlock_nodes):
                 for node in redlock_nodes[1:]:
                     node.client().set(key, b"other\n1\n", px=int(TTL * 1000))
                 assert not is_free("rl-dropped", "default")  # all connected
-                proxy.drop_next_reply()
-                assert not lock("rl-dropped", ttl=TTL, timeout=0).acquire()
+                # The attempt's SET NX (an asyncio connection is new: its
+                # set-up goes in the same write).
+                proxy.drop_next_reply(lambda data: b"\r\nNX\r\n" in data)
+                attempt = lock("rl-dropped", ttl=TTL, timeout=0)
+                if mode == "sync":
+                    assert not attempt.acquire()
+                else:
+                    assert not asyncio.run(attempt.aacquire())
                 assert proxy.dropped.is_set()
                 first = redlock_nodes[0].client()
                 assert first.exists(key), "the lost grant should be there"
@@ -321,3 +328,45 @@ def test_redlock_dropped_reply_on_one_node_is_cancelled_there(redlock_nodes):
                 locks.reset()
     finally:
         proxy.close()
+
+
+# -- Cluster -------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_cluster():
+    from .cluster_servers import RedisCluster
+
+    cluster = RedisCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+def test_frozen_cluster_primary_leaves_no_grant(redis_cluster):
+    """The frozen-server scenario on the primary of the lock's slot, frozen
+    for less than the cluster's node timeout (no failover): a socket timeout
+    of 1 s and 1.5 s frozen instead of 2 s and 2.5 s."""
+    global FROZEN
+    from django_distlock.backends.redis.keys import LockKeys
+
+    primary = redis_cluster.primary_of(LockKeys("distlock", "cluster-frozen").lease)
+    options = {"SOCKET_TIMEOUT": 1.0}
+    setting = {
+        "default": {
+            "BACKEND": PLAIN,
+            "LOCATION": redis_cluster.url,
+            "OPTIONS": options,
+        },
+        "direct": {"BACKEND": PLAIN, "LOCATION": redis_cluster.url},
+    }
+    saved, FROZEN = FROZEN, 1.5
+    with override_settings(LOCKS=setting):
+        try:
+            seconds = frozen_server_scenario(
+                "cluster-frozen", primary.pause, primary.resume
+            )
+            print(f"free {seconds * 1000:.1f} ms after the primary ran again")
+            assert seconds < PROMPTLY, "the grant was left to expire"
+        finally:
+            FROZEN = saved
+            locks.reset()
