@@ -64,13 +64,22 @@ class InDoubt:
             if len(self._pending) >= MAX_PENDING:
                 self._pending.pop(next(iter(self._pending)))
             self._pending[item] = time.monotonic() + lasts
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._work, name=f"distlock-cancel-{self.label}", daemon=True
-                )
-                self._thread.start()
-            else:
+            if self._thread is not None and self._thread.is_alive():
                 self._cond.notify()
+                return
+            thread = threading.Thread(
+                target=self._work, name=f"distlock-cancel-{self.label}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # interpreter shutdown: no new threads
+                logger.warning(
+                    "An acquisition whose reply was lost cannot be cancelled "
+                    "(%s); it expires with its TTL.",
+                    self.label,
+                )
+                return
+            self._thread = thread
 
     def pending(self) -> int:
         """Return how many attempts are still to be cancelled."""
