@@ -18,7 +18,7 @@ from django.core.checks import Error
 from django.test import override_settings
 
 from django_distlock import lock, locks
-from django_distlock.backends.redis.checks import check_redis
+from django_distlock.backends.redis import RedisLockBackend
 from django_distlock.backends.redis.keys import LockKeys
 
 from .cluster_servers import RedisCluster, SentinelSetup, _redis_client, wait_until
@@ -51,7 +51,7 @@ def cut_off(primary_port: int, replica) -> None:
 )
 def test_bad_wait_replicas_is_e029(options):
     params = {"LOCATION": "redis://127.0.0.1:6379/0", "OPTIONS": options}
-    messages = check_redis("RedisLockBackend", "default", params)
+    messages = RedisLockBackend.check("default", params)
     assert [m.id for m in messages] == ["distlock.E029"]
     assert all(isinstance(m, Error) and m.hint for m in messages)
 
@@ -63,7 +63,7 @@ def test_good_wait_replicas_passes_checks():
         {"WAIT_REPLICAS": 1, "CACHE": "x"},  # not a connection option
     ):
         params = {"LOCATION": "redis://127.0.0.1:6379/0", "OPTIONS": options}
-        ids = [m.id for m in check_redis("RedisLockBackend", "default", params)]
+        ids = [m.id for m in RedisLockBackend.check("default", params)]
         assert "distlock.E029" not in ids and "distlock.E025" not in ids
 
 
