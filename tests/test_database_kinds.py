@@ -492,3 +492,47 @@ class TestProcesses:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGKILL)
         assert backend.release(reader)
+
+
+# -- before migration 0003 ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        pytest.param(
+            "postgres",
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.django_db(
+                    transaction=True, databases=["default", "postgres"]
+                ),
+            ],
+        ),
+        pytest.param(
+            "mysql",
+            marks=[
+                pytest.mark.mysql,
+                pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
+            ],
+        ),
+    ],
+)
+def test_exclusive_locks_before_the_share_table(request, alias, name):
+    # A project that upgraded but has not run migrate yet: exclusive locks,
+    # their listing and clear_stale go on working.
+    from django.core.management import call_command
+
+    request.getfixturevalue(f"{alias}_available")
+    setting = {"default": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": alias}}}
+    call_command("migrate", "django_distlock", "0002", database=alias, verbosity=0)
+    try:
+        with override_settings(LOCKS=setting):
+            backend = locks["default"]
+            held = backend.acquire(name, 10, 0)
+            assert [h.token for h in backend.holders(name)] == [held.token]
+            assert backend.clear_stale() == 0
+            assert backend.release(held)
+    finally:
+        locks.reset()
+        call_command("migrate", "django_distlock", database=alias, verbosity=0)

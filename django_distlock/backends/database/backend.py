@@ -216,7 +216,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
     ) -> Lease | None:
         identity = self._identity()
-        if kind is not EXCLUSIVE:
+        if kind is not EXCLUSIVE and not kind.exclusive:
             return self._acquire_kind(name, ttl, timeout, identity, kind)
         if self.listens:
             return self._acquire_notified(name, ttl, timeout, identity)
@@ -247,7 +247,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         next wake-up.
         """
         identity = self._identity()  # the task's identity, not the worker's
-        share = None if kind is EXCLUSIVE else self._share_kind(kind)
+        share = None if kind is EXCLUSIVE or kind.exclusive else self._share_kind(kind)
         if self.listens:
 
             def undo(lease: Lease | None) -> None:
@@ -265,12 +265,12 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
     def _lease_digest(self, lease: Lease) -> str:
         if isinstance(lease.state, str):
             return lease.state
-        if lease.kind is EXCLUSIVE:
+        if lease.kind.exclusive:
             return self._digest(lease.name)
         return self._kind_digest(lease.name, lease.kind)
 
     def release(self, lease: Lease) -> bool:
-        if lease.kind is not EXCLUSIVE:
+        if lease.kind is not EXCLUSIVE and not lease.kind.exclusive:
             return self._release_share(lease)
         return self._call(
             "release", self._release_once, self._lease_digest(lease), lease.token
@@ -278,7 +278,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
 
     def extend(self, lease: Lease, ttl: float) -> bool:
         sent = time.monotonic()
-        if lease.kind is not EXCLUSIVE:
+        if lease.kind is not EXCLUSIVE and not lease.kind.exclusive:
             ok = self._extend_share(lease, ttl)
         else:
             ok = self._call(
@@ -289,7 +289,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         return ok
 
     def is_held(self, lease: Lease) -> bool:
-        if lease.kind is not EXCLUSIVE:
+        if lease.kind is not EXCLUSIVE and not lease.kind.exclusive:
             return self._share_is_held(lease)
         return self._call(
             "check", self._is_held_once, self._lease_digest(lease), lease.token
@@ -311,7 +311,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         Shared leases and permits are renewed one transaction each.
         """
         leases = list(leases)
-        if any(lease.kind is not EXCLUSIVE for lease in leases):
+        if any(not lease.kind.exclusive for lease in leases):
             return self._renew_mixed(leases)
         if len(leases) < 2:
             return super().renew(leases)

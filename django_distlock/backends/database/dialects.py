@@ -119,8 +119,11 @@ class Dialect:
                 f"token NOT IN ('{SHARED_MARK}', '{PERMITS_MARK}') AND "
                 f"expires_at > {now} AND substr(name, 1, %s) = %s"
             ),
+            # Third column: an expired lease (a mark's holders are counted
+            # with their own rows).
             "stale": (
-                f"SELECT id, fence, token IS NOT NULL FROM {table} WHERE "
+                f"SELECT id, fence, token IS NOT NULL AND token NOT IN "
+                f"('{SHARED_MARK}', '{PERMITS_MARK}') FROM {table} WHERE "
                 "namespace = %s AND digest <> '' AND "
                 f"(token IS NULL OR expires_at <= {now}){self.for_update}"
             ),

@@ -57,6 +57,18 @@ def permit_digest(namespace: str, name: str) -> str:
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _no_share_table(exc: Exception) -> bool:
+    """Return True if ``exc`` says the share table does not exist."""
+    if "lockshare" not in str(exc).lower():
+        return False
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    if code == "42P01":  # PostgreSQL: undefined table
+        return True
+    if exc.args and exc.args[0] == 1146:  # MySQL/MariaDB: no such table
+        return True
+    return "no such table" in str(exc)  # SQLite
+
+
 class SharesMixin:
     """The shared-lock and semaphore half of the database backend."""
 
@@ -363,7 +375,14 @@ class SharesMixin:
 
     def _share_rows(self, cursor: Any, prefix: str) -> list[tuple]:
         stored = encode_name(prefix)
-        self._execute(cursor, "share_holders", (self.key_prefix, len(stored), stored))
+        try:
+            self._execute(
+                cursor, "share_holders", (self.key_prefix, len(stored), stored)
+            )
+        except Exception as e:
+            if _no_share_table(e):
+                return []  # migration 0003 not run yet: exclusive locks only
+            raise
         return list(cursor.fetchall())
 
     def _share_holders(self, prefix: str) -> Iterator[Holder]:
@@ -390,6 +409,11 @@ class SharesMixin:
 
     def _clear_stale_shares(self, cursor: Any) -> int:
         """Delete expired shared leases, permits and places; count the leases."""
-        self._execute(cursor, "stale_waiters", (self.key_prefix,))
+        try:
+            self._execute(cursor, "stale_waiters", (self.key_prefix,))
+        except Exception as e:
+            if _no_share_table(e):
+                return 0  # migration 0003 not run yet: nothing to clear
+            raise
         self._execute(cursor, "stale_holders", (self.key_prefix,))
         return max(0, cursor.rowcount)
