@@ -256,9 +256,15 @@ class SharesMixin:
         except Exception:  # noqa: BLE001 - the lease is granted either way
             pass
 
-    def _withdraw_once(self, cursor: Any, digest: str, token: str) -> None:
+    def _withdraw_once(
+        self, cursor: Any, digest: str, token: str, wake: bool = False
+    ) -> None:
         self._queued.discard(token)
         self._execute(cursor, "share_delete", (token,))
+        if wake and self.wait_notify and cursor.rowcount == 1:
+            # Readers queued behind a writer that gave up may go now.
+            self._execute(cursor, "notify", (_channel(digest),))
+            cursor.fetchall()
 
     # -- releasing, extending, checking -----------------------------------
 

@@ -343,6 +343,6 @@ class WaitingMixin:
         """
         self._queued.discard(token)
         try:
-            self._call("withdraw", self._withdraw_once, digest, token)
+            self._call("withdraw", self._withdraw_once, digest, token, True)
         except LockBackendError:
             pass
