@@ -335,6 +335,32 @@ class TestPermits:
         assert backend.release(a) and backend.release(c)
 
 
+# -- leases nobody holds ------------------------------------------------------
+
+
+def test_lost_replies_and_cancelled_tasks_give_shares_back(backend, name):
+    # What a lost reply's canceller and a cancelled task's undo do: drop
+    # whatever the attempt's token holds (here a shared lease, a permit).
+    shared = backend.acquire(name, 30, 0, SHARED)
+    backend._cancel_in_doubt(shared.state, shared.token, 30)
+    _wait_for(lambda: not backend.is_held(shared), 10)
+    held = backend.acquire(name, 30, 0, permit(1))
+    backend._give_back(held.state, held.token)
+    assert not backend.is_held(held)
+    assert backend.acquire(name, 10, 0) is not None  # the lock is free
+    assert backend.acquire(name, 10, 0, permit(1)) is not None
+
+
+def test_an_equal_exclusive_kind_takes_the_exclusive_path(backend, name):
+    from django_distlock.backends.kinds import Kind
+
+    lease = backend.acquire(name, 10, 0, Kind("exclusive"))
+    assert lease is not None and lease.kind.exclusive
+    assert backend.acquire(name, 10, 0) is None
+    assert [h.kind for h in backend.holders(name)] == [EXCLUSIVE]
+    assert backend.release(lease)
+
+
 # -- listing ------------------------------------------------------------------
 
 
