@@ -1,88 +1,81 @@
-"""Workers for cross-process tests of shared locks and semaphores.
+"""Worker functions for the cross-process shared-lock and semaphore tests.
 
-Run through :mod:`tests.procs` (spawned processes with the parent's settings,
-test databases and ``LOCKS``); they call the backend of ``LOCKS["default"]``
-directly. Times are :func:`time.monotonic` (system-wide on Linux, so they
-compare across processes).
+Run through :mod:`tests.procs` (spawned processes with the parent's LOCKS).
+They call the backend directly (``backend.acquire(name, ttl, timeout, kind)``)
+and return their critical sections as ``(start, end, pid, mode)`` in
+:func:`time.monotonic` time, which is system-wide on Linux.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
-from .workers import write_whole
+
+def _barrier(directory: str, parties: int) -> None:
+    """Wait until ``parties`` workers have arrived (files in ``directory``)."""
+    Path(directory, str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(directory)) < parties:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other workers never arrived")
+        time.sleep(0.01)
 
 
-def _backend():
+def kind_worker(
+    name: str,
+    mode: str,
+    limit: int | None,
+    iterations: int,
+    hold: float,
+    barrier: str,
+    parties: int,
+) -> list[tuple[float, float, int, str]]:
+    """Take ``name`` ``iterations`` times as ``mode`` and hold it ``hold`` s.
+
+    ``mode`` is "shared", "exclusive" or "permit" (of ``limit``). Return the
+    critical sections.
+    """
     from django_distlock import locks
+    from django_distlock.backends.base import EXCLUSIVE, SHARED, permit
 
-    return locks["default"]
-
-
-def readers_writers(
-    name: str, writer: bool, start_at: float, iterations: int, hold: float
-) -> list[tuple[float, float, int, bool]]:
-    """Take ``name`` shared (or exclusive if ``writer``) ``iterations`` times.
-
-    Start at ``start_at``; hold each lease ``hold`` seconds. Return
-    ``(start, end, pid, writer)`` of every critical section.
-    """
-    from django_distlock.backends.kinds import SHARED
-
-    backend = _backend()
-    time.sleep(max(0.0, start_at - time.monotonic()))
+    backend = locks["default"]
+    kind = {"shared": SHARED, "exclusive": EXCLUSIVE}.get(mode) or permit(limit)
+    _barrier(barrier, parties)
     intervals = []
     for _ in range(iterations):
-        if writer:
-            lease = backend.acquire(name, 10.0, 60.0)
-        else:
-            lease = backend.acquire(name, 10.0, 60.0, SHARED)
-        assert lease is not None, "not acquired within 60 s"
+        lease = backend.acquire(name, 30.0, 60.0, kind)
+        assert lease is not None, f"{mode} not acquired within 60 s"
         start = time.monotonic()
         time.sleep(hold)
         end = time.monotonic()
         assert backend.release(lease)
-        intervals.append((start, end, os.getpid(), writer))
-        time.sleep(hold / 2)
+        intervals.append((start, end, os.getpid(), mode))
     return intervals
 
 
-def permits(
-    name: str, limit: int, start_at: float, iterations: int, hold: float
-) -> list[tuple[float, float, int]]:
-    """Take a permit of semaphore ``name`` ``iterations`` times, from ``start_at``.
+def hold_permit_forever(name: str, limit: int, ttl: float, ready_path: str) -> None:
+    """Take a permit of ``name`` (not renewed), say so in ``ready_path``, and
+    sleep until killed."""
+    from django_distlock import locks
+    from django_distlock.backends.base import permit
 
-    Return ``(start, end, pid)`` of every time inside.
-    """
-    from django_distlock.backends.kinds import permit
-
-    backend = _backend()
-    time.sleep(max(0.0, start_at - time.monotonic()))
-    intervals = []
-    for _ in range(iterations):
-        lease = backend.acquire(name, 10.0, 60.0, permit(limit))
-        assert lease is not None, "no permit within 60 s"
-        start = time.monotonic()
-        time.sleep(hold)
-        end = time.monotonic()
-        assert backend.release(lease)
-        intervals.append((start, end, os.getpid()))
-    return intervals
-
-
-def hold_permit(name: str, limit: int, ttl: float, ready_path: str) -> None:
-    """Take a permit for ``ttl`` seconds, never renewed, and wait to be killed."""
-    from django_distlock.backends.kinds import permit
-
-    lease = _backend().acquire(name, ttl, 30.0, permit(limit))
+    lease = locks["default"].acquire(name, ttl, 30.0, permit(limit))
     assert lease is not None
-    write_whole(ready_path, str(lease.fencing_token))
-    time.sleep(600)
+    partial = Path(ready_path + ".partial")
+    partial.write_text(lease.token)
+    os.replace(partial, ready_path)
+    while True:
+        time.sleep(1)
 
 
 def wait_exclusive(name: str, ready_path: str) -> None:
-    """Wait for ``name`` exclusively (queued behind its shared holders)."""
-    write_whole(ready_path, "waiting")
-    _backend().acquire(name, 30.0, 600.0)
-    time.sleep(600)
+    """Say so in ``ready_path``, then wait for ``name`` exclusively (behind
+    its shared holders) until killed."""
+    from django_distlock import locks
+
+    Path(ready_path).touch()
+    locks["default"].acquire(name, 30.0, 600.0)
+    while True:
+        time.sleep(1)

@@ -455,18 +455,17 @@ def _max_overlap(intervals) -> int:
 
 
 class TestProcesses:
-    def test_readers_overlap_writers_alone(self, backend, name):
-        start_at = time.monotonic() + 8  # after the spawned workers set up
-        roles = [True, True] + [False] * 6
+    def test_readers_overlap_writers_alone(self, backend, name, tmp_path):
+        modes = ["exclusive"] * 2 + ["shared"] * 6
         results = run_in_processes(
-            kinds_workers.readers_writers,
-            [(name, writer, start_at, 6, 0.05) for writer in roles],
+            kinds_workers.kind_worker,
+            [(name, mode, None, 6, 0.05, str(tmp_path), 8) for mode in modes],
             timeout=180,
         )
         intervals = [iv for r in results for iv in r]
         assert len(intervals) == 48
-        writers = [iv for iv in intervals if iv[3]]
-        readers = [iv for iv in intervals if not iv[3]]
+        writers = [iv for iv in intervals if iv[3] == "exclusive"]
+        readers = [iv for iv in intervals if iv[3] == "shared"]
         for w in writers:
             for other in intervals:
                 if other is w:
@@ -474,11 +473,10 @@ class TestProcesses:
                 assert other[1] <= w[0] or other[0] >= w[1], (w, other)
         assert _max_overlap(readers) >= 2  # readers were in together
 
-    def test_semaphore_of_three(self, backend, name):
-        start_at = time.monotonic() + 8
+    def test_semaphore_of_three(self, backend, name, tmp_path):
         results = run_in_processes(
-            kinds_workers.permits,
-            [(name, 3, start_at, 5, 0.05) for _ in range(8)],
+            kinds_workers.kind_worker,
+            [(name, "permit", 3, 5, 0.05, str(tmp_path), 8) for _ in range(8)],
             timeout=180,
         )
         intervals = [iv for r in results for iv in r]
@@ -487,7 +485,9 @@ class TestProcesses:
 
     def test_killed_holders_permit_comes_back(self, backend, name, tmp_path):
         ready = tmp_path / "ready"
-        proc = start_process(kinds_workers.hold_permit, name, 1, 3.0, str(ready))
+        proc = start_process(
+            kinds_workers.hold_permit_forever, name, 1, 3.0, str(ready)
+        )
         try:
             _wait_for(ready.exists, 60)
             assert backend.acquire(name, 10, 0, permit(1)) is None
@@ -495,8 +495,7 @@ class TestProcesses:
             proc.join(10)
             killed = time.monotonic()
             lease = backend.acquire(name, 10, 30, permit(1))
-            assert lease is not None
-            assert lease.fencing_token > int(ready.read_text())
+            assert lease is not None and lease.token != ready.read_text()
             assert time.monotonic() - killed < 10
         finally:
             if proc.is_alive():

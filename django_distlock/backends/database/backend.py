@@ -13,7 +13,8 @@ from ...exceptions import LockBackendError
 from ..base import BaseLockBackend, Holder, Lease, holder_identity
 from ..handoff import Handoff
 from ..kinds import EXCLUSIVE, Kind
-from .checks import DEFAULT_MAX_BACKOFF, OPTION_KEYS, check_entry
+from ..options import Choice, DatabaseAlias, Seconds
+from .checks import DEFAULT_MAX_BACKOFF, check_database
 from .connections import ConnectionsMixin
 from .dialects import Dialect
 from .names import decode_name, encode_name, record_digest
@@ -40,8 +41,22 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
     rows of a second table (see :mod:`.shares`).
     """
 
-    OPTION_KEYS = OPTION_KEYS
     kinds = frozenset({"exclusive", "shared", "permit"})
+    options_schema = {
+        "DATABASE": DatabaseAlias(
+            "Name a DATABASES alias (default 'default') whose "
+            "database has the django_distlock migrations applied.",
+            default="default",
+        ),
+        "MAX_BACKOFF": Seconds(
+            "The default, 0.05, makes a waiter notice a release within about 50 ms."
+        ),
+        "WAIT": Choice(
+            "'notify' (PostgreSQL only) wakes waiters with "
+            "LISTEN/NOTIFY instead of polling.",
+            choices=("poll", "notify"),
+        ),
+    }
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
@@ -52,9 +67,9 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         self._init_shares()
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check messages for this backend's LOCKS entry."""
-        return check_entry(cls, alias, params)
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check that the backend can use the database, and its WAIT there."""
+        return check_database(alias, params)
 
     @property
     def listens(self) -> bool:
