@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .backends.base import Lease
     from .locking import Lock as LockHandle
 
-__all__ = ["FencedModel", "Lock", "LockRecord"]
+__all__ = ["FencedModel", "Lock", "LockRecord", "LockShare"]
 
 
 class LockRecord(models.Model):
@@ -58,6 +58,39 @@ class LockRecord(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class LockShare(models.Model):
+    """One shared holder, semaphore permit or queued waiter of the database backend.
+
+    A shared lock or a semaphore keeps its :class:`LockRecord` row (the row
+    the database locks while a holder is added or removed, and the fencing
+    counter); each of its leases is a row here, keyed by ``token``, under the
+    record's ``digest``. ``kind`` is ``"shared"`` or ``"permit"`` for a
+    lease, ``"writer"`` for an exclusive waiter that new shared requests
+    queue behind, ``"queued"`` for a permit waiter (granted in ``id``
+    order). ``permits`` is the semaphore's limit. Every row expires at
+    ``expires_at`` (the database's clock, UTC) unless renewed. The backend
+    reads and writes this table with raw SQL; treat it as read-only.
+    """
+
+    digest = models.CharField(max_length=64, db_index=True)
+    kind = models.CharField(max_length=8)
+    permits = models.IntegerField(null=True, blank=True)
+    token = models.CharField(max_length=32, unique=True)
+    fence = models.BigIntegerField(default=0)
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=255, blank=True, default="")
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "django_distlock_lockshare"
+        verbose_name = _("lock share")
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.token}"
 
 
 class Lock(models.Model):

@@ -68,3 +68,14 @@ def hold_permit_forever(name: str, limit: int, ttl: float, ready_path: str) -> N
     os.replace(partial, ready_path)
     while True:
         time.sleep(1)
+
+
+def wait_exclusive(name: str, ready_path: str) -> None:
+    """Say so in ``ready_path``, then wait for ``name`` exclusively (behind
+    its shared holders) until killed."""
+    from django_distlock import locks
+
+    Path(ready_path).touch()
+    locks["default"].acquire(name, 30.0, 600.0)
+    while True:
+        time.sleep(1)

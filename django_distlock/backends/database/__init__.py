@@ -35,10 +35,15 @@ as in :mod:`..steps`, so ``acquire`` and ``aacquire`` cannot drift apart.
 
 See ``docs/backends/database.md`` for the guarantees per database.
 
+Shared locks and semaphore permits add one row per holder (and per queued
+waiter) in a second table, ``LockShare``, under the name's row, which every
+change to them locks first (:mod:`.shares`).
+
 The package: :mod:`.names` (stored names, row keys), :mod:`.dialects` (the
 SQL per vendor), :mod:`.connections` (one connection per thread),
-:mod:`.waiting` (polling, LISTEN/NOTIFY, cancelled waiters), :mod:`.checks`
-(system checks) and :mod:`.backend` (the contract).
+:mod:`.waiting` (polling, LISTEN/NOTIFY, cancelled waiters), :mod:`.shares`
+(shared locks and semaphores), :mod:`.checks` (system checks) and
+:mod:`.backend` (the contract).
 """
 
 from .backend import DatabaseLockBackend

@@ -12,11 +12,13 @@ from asgiref.sync import sync_to_async
 from ...exceptions import LockBackendError
 from ..base import BaseLockBackend, Holder, Lease, holder_identity
 from ..handoff import Handoff
+from ..kinds import EXCLUSIVE, Kind
 from ..options import Choice, DatabaseAlias, Seconds
 from .checks import DEFAULT_MAX_BACKOFF, check_database
 from .connections import ConnectionsMixin
 from .dialects import Dialect
 from .names import decode_name, encode_name, record_digest
+from .shares import SharesMixin
 from .waiting import WaitingMixin, _channel
 
 __all__ = ["DatabaseLockBackend"]
@@ -25,7 +27,7 @@ __all__ = ["DatabaseLockBackend"]
 DELETE_CHUNK = 500
 
 
-class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
+class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockBackend):
     """Locks as rows of a table in one of the project's databases.
 
     ``OPTIONS["DATABASE"]`` names the ``DATABASES`` alias (default
@@ -35,9 +37,11 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
     ``OPTIONS["WAIT"] = "notify"`` makes waiters sleep until a release's
     ``NOTIFY`` (or the holder's expiry) instead of polling; every process
     using the table should then set it. ``KEY_PREFIX`` separates the locks
-    of aliases that share one table.
+    of aliases that share one table. Shared locks and semaphore permits are
+    rows of a second table (see :mod:`.shares`).
     """
 
+    kinds = frozenset({"exclusive", "shared", "permit"})
     options_schema = {
         "DATABASE": DatabaseAlias(
             "Name a DATABASES alias (default 'default') whose "
@@ -60,6 +64,7 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         self.max_backoff = float(self.options.get("MAX_BACKOFF", DEFAULT_MAX_BACKOFF))
         self.wait_notify = self.options.get("WAIT", "poll") == "notify"
         self._init_connections()
+        self._init_shares()
 
     @classmethod
     def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
@@ -111,8 +116,14 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         token: str,
         ttl: float,
         identity: tuple[str, int, str],
+        kind: Kind | None = None,
     ) -> tuple[int | None, float]:
-        """Try once. Return ``(fence, 0)`` or ``(None, seconds worth waiting)``."""
+        """Try once. Return ``(fence, 0)`` or ``(None, seconds worth waiting)``.
+
+        ``kind`` is None for an exclusive lease.
+        """
+        if kind is not None:
+            return self._attempt_share(cursor, name, digest, token, ttl, identity, kind)
         dialect = self._dialect
         host, pid, thread = identity
         ttl_p = dialect.ttl_param(ttl)
@@ -122,9 +133,14 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
             # fetchall, not fetchone: SQLite commits when the statement ends.
             rows = cursor.fetchall()
             if rows:
+                if self._queued and token in self._queued:
+                    self._leave_queue(cursor, digest, token)
                 return int(rows[0][0]), 0.0
         elif cursor.rowcount:
-            return int(cursor.lastrowid), 0.0
+            fence = int(cursor.lastrowid)
+            if self._queued and token in self._queued:
+                self._leave_queue(cursor, digest, token)
+            return fence, 0.0
         run(cursor, "probe", (digest,))
         rows = cursor.fetchall()
         if not rows:
@@ -133,9 +149,12 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
                 lambda cur: self._create(cur, name, digest, token, ttl_p, identity),
             )
             return fence, 0.0
-        free, remaining = rows[0]
+        free, remaining, shared = rows[0]
         if free:
             return None, 0.0  # released between the two statements: go again
+        if shared:
+            # Queue up: new shared requests now wait behind this one.
+            self._queue_writer(cursor, digest, token, identity)
         return None, max(0.0, float(remaining or 0.0))
 
     def _create(
@@ -208,14 +227,31 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
 
     # -- the contract -----------------------------------------------------
 
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+    def acquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Lease | None:
         identity = self._identity()
+        if kind is not EXCLUSIVE and not kind.exclusive:
+            return self._acquire_kind(name, ttl, timeout, identity, kind)
         if self.listens:
             return self._acquire_notified(name, ttl, timeout, identity)
         return self._run(self._acquire_steps(name, ttl, timeout, identity))
 
+    def _acquire_kind(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        identity: tuple[str, int, str],
+        kind: Kind,
+    ) -> Lease | None:
+        share = self._share_kind(kind)
+        if self.listens:
+            return self._acquire_notified(name, ttl, timeout, identity, None, share)
+        return self._run(self._acquire_steps(name, ttl, timeout, identity, share))
+
     async def aacquire(
-        self, name: str, ttl: float, timeout: float | None
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
     ) -> Lease | None:
         """Poll from the event loop; each attempt runs in a worker thread.
 
@@ -226,6 +262,7 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         next wake-up.
         """
         identity = self._identity()  # the task's identity, not the worker's
+        share = None if kind is EXCLUSIVE or kind.exclusive else self._share_kind(kind)
         if self.listens:
 
             def undo(lease: Lease | None) -> None:
@@ -234,28 +271,41 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
 
             handoff = Handoff(undo)
             return await handoff.arun(
-                self._acquire_notified, name, ttl, timeout, identity, handoff
+                self._acquire_notified, name, ttl, timeout, identity, handoff, share
             )
-        return await self._arun(self._acquire_steps(name, ttl, timeout, identity))
+        return await self._arun(
+            self._acquire_steps(name, ttl, timeout, identity, share)
+        )
 
     def _lease_digest(self, lease: Lease) -> str:
-        return lease.state if isinstance(lease.state, str) else self._digest(lease.name)
+        if isinstance(lease.state, str):
+            return lease.state
+        if lease.kind.exclusive:
+            return self._digest(lease.name)
+        return self._kind_digest(lease.name, lease.kind)
 
     def release(self, lease: Lease) -> bool:
+        if lease.kind is not EXCLUSIVE and not lease.kind.exclusive:
+            return self._release_share(lease)
         return self._call(
             "release", self._release_once, self._lease_digest(lease), lease.token
         )
 
     def extend(self, lease: Lease, ttl: float) -> bool:
         sent = time.monotonic()
-        ok = self._call(
-            "extend", self._extend_once, self._lease_digest(lease), lease.token, ttl
-        )
+        if lease.kind is not EXCLUSIVE and not lease.kind.exclusive:
+            ok = self._extend_share(lease, ttl)
+        else:
+            ok = self._call(
+                "extend", self._extend_once, self._lease_digest(lease), lease.token, ttl
+            )
         if ok:
             lease.deadline = sent + ttl
         return ok
 
     def is_held(self, lease: Lease) -> bool:
+        if lease.kind is not EXCLUSIVE and not lease.kind.exclusive:
+            return self._share_is_held(lease)
         return self._call(
             "check", self._is_held_once, self._lease_digest(lease), lease.token
         )
@@ -271,8 +321,13 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         return self._transaction(cursor, renew_all)
 
     def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
-        """Renew every lease in one transaction: one commit, however many."""
+        """Renew every lease in one transaction: one commit, however many.
+
+        Shared leases and permits are renewed one transaction each.
+        """
         leases = list(leases)
+        if any(not lease.kind.exclusive for lease in leases):
+            return self._renew_mixed(leases)
         if len(leases) < 2:
             return super().renew(leases)
         sent = time.monotonic()
@@ -305,6 +360,10 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         return list(cursor.fetchall())
 
     def holders(self, prefix: str = "") -> Iterator[Holder]:
+        yield from self._exclusive_holders(prefix)
+        yield from self._share_holders(prefix)
+
+    def _exclusive_holders(self, prefix: str) -> Iterator[Holder]:
         rows = self._call("list locks", self._holder_rows, prefix)
         when = datetime.fromtimestamp
         utc = timezone.utc
@@ -326,7 +385,9 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
                 fencing_token=int(fence),
             )
 
-    def force_release(self, name: str, token: str) -> bool:
+    def force_release(self, name: str, token: str, kind: Kind = EXCLUSIVE) -> bool:
+        if not kind.exclusive:
+            return self._force_release_share(name, token, kind)
         return self._call("force-release", self._drop_once, self._digest(name), token)
 
     def _drop_all(self, cursor: Any, pairs: list[tuple[str, str]]) -> list[bool]:
@@ -335,9 +396,16 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
             cursor, lambda cur: [drop(cur, digest, token) for digest, token in pairs]
         )
 
-    def force_release_many(self, items: Iterable[tuple[str, str]]) -> list[bool]:
-        """Force-release each ``(name, token)``, a thousand per transaction."""
-        pairs = [(self._digest(name), token) for name, token in items]
+    def force_release_many(self, items: Iterable[tuple]) -> list[bool]:
+        """Force-release each ``(name, token)`` or ``(name, token, kind)``.
+
+        Exclusive leases go a thousand per transaction; shared leases and
+        permits one transaction each.
+        """
+        items = list(items)
+        if any(len(item) > 2 and not item[2].exclusive for item in items):
+            return [self.force_release(*item) for item in items]
+        pairs = [(self._digest(item[0]), item[1]) for item in items]
         results: list[bool] = []
         for i in range(0, len(pairs), 1000):
             chunk = pairs[i : i + 1000]
@@ -368,12 +436,13 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
                 )
             return sum(1 for _, _, expired in rows if expired)
 
-        return self._transaction(cursor, clear)
+        return self._transaction(cursor, clear) + self._clear_stale_shares(cursor)
 
     def clear_stale(self) -> int:
         """Delete free and expired rows; return how many expired leases went.
 
         The highest fence among them is kept in the floor row first, so the
         fencing tokens of a name never go back when its row is re-created.
+        Expired shared leases, permits and waiters' places go too.
         """
         return self._call("clear stale locks", self._clear_stale_once)

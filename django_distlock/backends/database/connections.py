@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...exceptions import LockBackendError
-from .dialects import DIALECTS, TABLE, Dialect
+from .dialects import DIALECTS, SHARES, TABLE, Dialect
 
 __all__ = ["ConnectionsMixin"]
 
@@ -226,7 +226,7 @@ class ConnectionsMixin:
             self._prepared = _can_prepare(wrapper)
             self._pooled = transaction_pooled(wrapper.vendor, wrapper.settings_dict)
             self._dialect = dialect
-            self._sql = dialect.build(table)
+            self._sql = dialect.build(table, wrapper.ops.quote_name(SHARES))
 
     def _new_wrapper(self) -> Any:
         from django.db import connections
@@ -328,7 +328,7 @@ class ConnectionsMixin:
     def _error(self, exc: Exception, what: str) -> LockBackendError:
         message = str(exc).strip()
         hint = ""
-        if "lockrecord" in message.lower():
+        if "lockrecord" in message.lower() or "lockshare" in message.lower():
             hint = " (has `manage.py migrate` been run on that database?)"
         elif "database is locked" in message:
             hint = (

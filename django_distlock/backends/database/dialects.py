@@ -5,13 +5,32 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["DIALECTS", "FLOOR", "TABLE", "Dialect"]
+__all__ = [
+    "DIALECTS",
+    "FLOOR",
+    "PERMITS_MARK",
+    "SHARED_MARK",
+    "SHARES",
+    "TABLE",
+    "Dialect",
+]
 
 #: The lock table (``django_distlock.models.LockRecord``; its migrations
 #: create it). Named here so that the backend needs no model.
 TABLE = "django_distlock_lockrecord"
+#: The table of shared holders, permits and queued waiters
+#: (``django_distlock.models.LockShare``).
+SHARES = "django_distlock_lockshare"
 #: ``digest`` of the fence-floor row: the highest fence of any deleted row.
 FLOOR = ""
+#: The ``token`` of a lock row while shared holders have it, and of a
+#: semaphore's row while permits are out: never a lease's token (32 hex
+#: digits), so an exclusive acquisition sees the row taken, until
+#: ``expires_at``, the latest expiry among those holders.
+SHARED_MARK = "(shared)"
+PERMITS_MARK = "(permits)"
+#: A number larger than any row id.
+_NO_ID = 2**63 - 1
 
 
 class Dialect:
@@ -44,8 +63,11 @@ class Dialect:
         """Return ``sql`` in the driver's placeholder style."""
         return sql
 
-    def build(self, table: str) -> dict[str, str]:
-        """Return every statement of the backend, for ``table`` (quoted)."""
+    def build(self, table: str, shares: str = SHARES) -> dict[str, str]:
+        """Return every statement of the backend, for ``table`` and ``shares``.
+
+        Both names come quoted.
+        """
         now, later = self.now, self.later
         fence = "fence + 1" if self.returning else "LAST_INSERT_ID(fence + 1)"
         returning = " RETURNING fence" if self.returning else ""
@@ -57,8 +79,8 @@ class Dialect:
                 f"(token IS NULL OR token = %s OR expires_at <= {now}){returning}"
             ),
             "probe": (
-                f"SELECT token IS NULL OR expires_at <= {now}, {self.remaining} "
-                f"FROM {table} WHERE digest = %s"
+                f"SELECT token IS NULL OR expires_at <= {now}, {self.remaining}, "
+                f"token = '{SHARED_MARK}' FROM {table} WHERE digest = %s"
             ),
             "ensure_floor": (
                 f"{self.insert_ignore} {table} "
@@ -94,10 +116,14 @@ class Dialect:
                 f"SELECT name, token, host, pid, thread, {self.epoch('acquired_at')}, "
                 f"{self.epoch('expires_at')}, fence FROM {table} WHERE "
                 "namespace = %s AND digest <> '' AND token IS NOT NULL AND "
+                f"token NOT IN ('{SHARED_MARK}', '{PERMITS_MARK}') AND "
                 f"expires_at > {now} AND substr(name, 1, %s) = %s"
             ),
+            # Third column: an expired lease (a mark's holders are counted
+            # with their own rows).
             "stale": (
-                f"SELECT id, fence, token IS NOT NULL FROM {table} WHERE "
+                f"SELECT id, fence, token IS NOT NULL AND token NOT IN "
+                f"('{SHARED_MARK}', '{PERMITS_MARK}') FROM {table} WHERE "
                 "namespace = %s AND digest <> '' AND "
                 f"(token IS NULL OR expires_at <= {now}){self.for_update}"
             ),
@@ -106,8 +132,110 @@ class Dialect:
             ),
             "delete": f"DELETE FROM {table} WHERE id IN ",
         }
+        sql.update(self.share_sql(table, shares))
         self.extend_sql(sql)
         return {key: self.prepare(value) for key, value in sql.items()}
+
+    def share_sql(self, table: str, shares: str) -> dict[str, str]:
+        """Return the statements of shared locks and semaphores.
+
+        A lock row (``table``) is locked FOR UPDATE before its holder rows
+        (``shares``) change, always in that order.
+        """
+        now, later, remaining = self.now, self.later, self.remaining
+        live = f"expires_at > {now}"
+        holding = "kind IN ('shared', 'permit')"
+        waiting = "kind IN ('writer', 'queued')"
+        in_namespace = (
+            f"(digest IN (SELECT digest FROM {table} WHERE namespace = %s) OR "
+            f"digest NOT IN (SELECT digest FROM {table}))"
+        )
+        return {
+            "row_locked": (
+                f"SELECT token, token IS NOT NULL AND {live}, {remaining}, fence "
+                f"FROM {table} WHERE digest = %s{self.for_update}"
+            ),
+            "create_free": (
+                f"{self.insert_ignore} {table} "
+                "(digest, namespace, name, fence, host, thread) "
+                f"VALUES (%s, %s, %s, %s, '', ''){self.on_conflict}"
+            ),
+            "shares_purge": f"DELETE FROM {shares} WHERE digest = %s AND NOT {live}",
+            "writers_waiting": (
+                f"SELECT {remaining} FROM {shares} WHERE digest = %s "
+                f"AND kind = 'writer' AND {live}"
+            ),
+            "share_insert": (
+                f"INSERT INTO {shares} (digest, kind, permits, token, fence, host, "
+                "pid, thread, acquired_at, expires_at) VALUES "
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, {now}, {later})"
+            ),
+            # expires_at first: MySQL's SET sees the values set before it.
+            "mark": (
+                f"UPDATE {table} SET expires_at = CASE WHEN token = %s AND "
+                f"expires_at > {later} THEN expires_at ELSE {later} END, "
+                "token = %s, fence = %s WHERE digest = %s"
+            ),
+            "share_extend": (
+                f"UPDATE {shares} SET expires_at = {later} WHERE token = %s "
+                f"AND digest = %s AND kind = %s AND {live}"
+            ),
+            "mark_extend": (
+                f"UPDATE {table} SET expires_at = {later} WHERE digest = %s "
+                f"AND token = %s AND expires_at < {later}"
+            ),
+            "share_live": (
+                f"SELECT {live}, kind FROM {shares} WHERE token = %s AND digest = %s"
+                + self.for_update
+            ),
+            "share_delete": f"DELETE FROM {shares} WHERE token = %s",
+            "share_refresh": (
+                f"UPDATE {shares} SET expires_at = {later} WHERE token = %s"
+            ),
+            # The row stays marked while a holder of ``kind`` lives, until
+            # the latest expiry among them; else it is free.
+            "unmark": (
+                f"UPDATE {table} SET token = CASE WHEN EXISTS (SELECT 1 FROM "
+                f"{shares} WHERE digest = %s AND kind = %s AND {live}) THEN token "
+                "ELSE NULL END, expires_at = COALESCE((SELECT max(expires_at) "
+                f"FROM {shares} WHERE digest = %s AND kind = %s AND {live}), "
+                "expires_at) WHERE digest = %s AND token = %s"
+            ),
+            "share_is_held": (
+                f"SELECT 1 FROM {shares} WHERE token = %s AND digest = %s "
+                f"AND kind = %s AND {live}"
+            ),
+            "permit_limits": (
+                f"SELECT permits FROM {shares} WHERE digest = %s "
+                f"AND kind = 'permit' AND {live} AND permits <> %s"
+            ),
+            "permit_count": (
+                f"SELECT count(*), min({remaining}) FROM {shares} "
+                f"WHERE digest = %s AND kind = 'permit' AND {live}"
+            ),
+            # Waiters ahead of ``token`` (all of them if it has no row yet).
+            "queue_ahead": (
+                f"SELECT count(*) FROM {shares} WHERE digest = %s AND "
+                f"kind = 'queued' AND {live} AND id < COALESCE((SELECT id FROM "
+                f"{shares} WHERE token = %s AND kind = 'queued'), {_NO_ID})"
+            ),
+            "share_holders": (
+                f"SELECT r.name, s.token, s.host, s.pid, s.thread, "
+                f"{self.epoch('s.acquired_at')}, {self.epoch('s.expires_at')}, "
+                f"s.fence, s.kind, s.permits FROM {shares} s JOIN {table} r ON "
+                "r.digest = s.digest WHERE r.namespace = %s AND "
+                f"s.kind IN ('shared', 'permit') AND s.expires_at > {now} AND "
+                "substr(r.name, 1, %s) = %s"
+            ),
+            "stale_holders": (
+                f"DELETE FROM {shares} WHERE NOT {live} AND {holding} "
+                f"AND {in_namespace}"
+            ),
+            "stale_waiters": (
+                f"DELETE FROM {shares} WHERE NOT {live} AND {waiting} "
+                f"AND {in_namespace}"
+            ),
+        }
 
     def extend_sql(self, sql: dict[str, str]) -> None:
         """Add or change vendor-specific statements in ``sql``."""

@@ -21,6 +21,7 @@ from typing import Any
 from ...exceptions import LockBackendError
 from ..base import Lease
 from ..handoff import Handoff
+from ..kinds import EXCLUSIVE, Kind
 
 __all__ = ["WaitingMixin"]
 
@@ -48,7 +49,7 @@ def _channel(digest: str) -> str:
 class WaitingMixin:
     """The waiting half of :class:`.backend.DatabaseLockBackend`.
 
-    It runs the backend's single attempts (``_attempt``, ``_drop_once``)
+    It runs the backend's single attempts (``_attempt``, ``_drop_any_once``)
     through its connections (``_call``) until the lock is acquired or the
     wait times out.
     """
@@ -60,7 +61,10 @@ class WaitingMixin:
     _call: Callable[..., Any]
     _attempt: Callable[..., tuple[int | None, float]]
     _digest: Callable[[str], str]
-    _drop_once: Callable[..., bool]
+    _drop_any_once: Callable[..., bool]
+    _withdraw_once: Callable[..., None]
+    _kind_digest: Callable[[str, Kind], str]
+    _queued: set[str]
     _in_doubt_errors: tuple[type[Exception], ...]
     _in_doubt: list[tuple[str, str, float]]
     _in_doubt_cond: threading.Condition
@@ -105,12 +109,15 @@ class WaitingMixin:
         timeout: float | None,
         identity: tuple[str, int, str],
         handoff: Handoff | None = None,
+        kind: Kind | None = None,
     ) -> Lease | None:
-        digest = self._digest(name)
+        digest = self._digest(name) if kind is None else self._kind_digest(name, kind)
         token = secrets.token_hex(16)
         channel = _channel(digest)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         args = (name, digest, token, ttl, identity)
+        if kind is not None:
+            args += (kind,)
         sent = time.monotonic()
         fence, hint = self._try_acquire(args, self._attempt)
         if fence is None and timeout != 0:
@@ -132,8 +139,19 @@ class WaitingMixin:
                 except LockBackendError:
                     pass
         if fence is None:
+            if token in self._queued:
+                self._withdraw(digest, token)
             return None
-        return Lease(self.alias, name, token, fence, ttl, sent + ttl, state=digest)
+        return Lease(
+            self.alias,
+            name,
+            token,
+            fence,
+            ttl,
+            sent + ttl,
+            state=digest,
+            kind=EXCLUSIVE if kind is None else kind,
+        )
 
     # -- polling, written once for acquire() and aacquire() ---------------
 
@@ -143,16 +161,21 @@ class WaitingMixin:
         ttl: float,
         timeout: float | None,
         identity: tuple[str, int, str],
+        kind: Kind | None = None,
     ) -> Steps:
         """Poll for ``name`` until acquired or ``timeout``; return the lease.
 
         Yield ``("attempt", args)``, to be answered with what
-        ``_attempt(cursor, *args)`` returns, or ``("sleep", seconds)``; the
-        executors :meth:`_run` and :meth:`_arun` carry them out.
+        ``_attempt(cursor, *args)`` returns, ``("sleep", seconds)``, or
+        ``("withdraw", (digest, token))`` to take a waiter's place in the
+        queue back; the executors :meth:`_run` and :meth:`_arun` carry them
+        out. ``kind`` is None for an exclusive lease.
         """
-        digest = self._digest(name)
+        digest = self._digest(name) if kind is None else self._kind_digest(name, kind)
         token = secrets.token_hex(16)
         args = (name, digest, token, ttl, identity)
+        if kind is not None:
+            args += (kind,)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         delay = MIN_BACKOFF
         quick = 0
@@ -160,14 +183,27 @@ class WaitingMixin:
             sent = time.monotonic()
             fence, hint = yield ("attempt", args)
             if fence is not None:
+                if kind is None:
+                    return Lease(
+                        self.alias, name, token, fence, ttl, sent + ttl, state=digest
+                    )
                 return Lease(
-                    self.alias, name, token, fence, ttl, sent + ttl, state=digest
+                    self.alias,
+                    name,
+                    token,
+                    fence,
+                    ttl,
+                    sent + ttl,
+                    state=digest,
+                    kind=kind,
                 )
             if not hint and quick < 3:
                 quick += 1  # the row was free or just created: go again now
                 continue
             left = deadline - time.monotonic()
             if timeout == 0 or left <= 0:
+                if token in self._queued:
+                    yield ("withdraw", (digest, token))
                 return None
             # Jittered exponential backoff, but wake when the lease can expire.
             wait = min(random.uniform(delay / 2, delay), hint + 0.001, left)
@@ -187,6 +223,8 @@ class WaitingMixin:
                 return stop.value
             if kind == "attempt":
                 reply = self._try_acquire(arg, self._attempt)
+            elif kind == "withdraw":
+                reply = self._withdraw(*arg)
             else:
                 time.sleep(arg)
                 reply = None
@@ -205,6 +243,8 @@ class WaitingMixin:
                 return stop.value
             if kind == "attempt":
                 reply = await self._aattempt(*arg)
+            elif kind == "withdraw":
+                reply = await asyncio.to_thread(self._withdraw, *arg)
             else:
                 await asyncio.sleep(arg)
                 reply = None
@@ -268,7 +308,7 @@ class WaitingMixin:
             retry = []
             for digest, token, give_up in items:
                 try:
-                    if self._call("cancel", self._drop_once, digest, token):
+                    if self._call("cancel", self._drop_any_once, digest, token):
                         release_log.info(
                             "Cancelled an acquisition whose reply was lost "
                             "(database lock backend %r)",
@@ -288,10 +328,21 @@ class WaitingMixin:
     def _give_back(self, digest: str, token: str) -> None:
         """Release a lease that no handle knows about (its task was cancelled)."""
         try:
-            self._call("release", self._drop_once, digest, token)
+            self._call("release", self._drop_any_once, digest, token)
         except LockBackendError:
             release_log.warning(
                 "A cancelled acquisition could not give its lease back; it "
                 "expires with its TTL.",
                 exc_info=True,
             )
+
+    def _withdraw(self, digest: str, token: str) -> None:
+        """Take back the place in a queue of a waiter that gave up.
+
+        A place left behind would expire on its own within seconds.
+        """
+        self._queued.discard(token)
+        try:
+            self._call("withdraw", self._withdraw_once, digest, token, True)
+        except LockBackendError:
+            pass

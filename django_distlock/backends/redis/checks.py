@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import Option
-from .client import CLUSTER_SCHEMES
+from .client import CLUSTER_SCHEMES, WAIT_SHARE
 
 __all__ = ["CONNECTION_KEYS", "Sentinels", "check_redis"]
 
@@ -50,6 +50,16 @@ class Sentinels(Option):
         return f"must be a non-empty list of (host, port) pairs, not {value!r}"
 
 
+#: The part of the socket timeout that a blocking wait leaves: WAIT after a
+#: waiter's BLPOP must fit in it.
+WAIT_ROOM = round(1 - WAIT_SHARE, 6)
+#: The hint of the WAIT_REPLICAS_TIMEOUT messages.
+WAIT_REPLICAS_HELP = (
+    "It bounds how long an acquisition waits for its replicas (default 0.1 s); "
+    "a waiter's blocking wait and WAIT share one socket timeout."
+)
+
+
 def _error(msg: str, hint: str, id: str):
     from django.core.checks import Error
 
@@ -64,14 +74,15 @@ def check_redis(alias: str, params: dict[str, Any]) -> list:
     """
     where = f"LOCKS[{alias!r}]"
     options = params.get("OPTIONS") or {}
+    errors = _check_wait_replicas(where, options)
     if options.get("CACHE") is not None:
-        return _check_cache(where, options)
+        return errors + _check_cache(where, options)
     location = params.get("LOCATION")
     scale_out = _check_scale_out(where, location, options)
     if scale_out is not None:
-        return scale_out
+        return errors + scale_out
     if not location:
-        return [
+        return errors + [
             _error(
                 f"{where} has no LOCATION.",
                 "Set LOCATION to a redis URL such as 'redis://127.0.0.1:6379/0', "
@@ -82,14 +93,14 @@ def check_redis(alias: str, params: dict[str, Any]) -> list:
     if not isinstance(location, str) or not location.startswith(
         ("redis://", "rediss://", "unix://")
     ):
-        return [
+        return errors + [
             _error(
                 f"{where}['LOCATION'] must be one redis URL, not {location!r}.",
                 "Use redis://host:port/db, rediss:// for TLS or unix:///path.",
                 "distlock.E004",
             )
         ]
-    return []
+    return errors
 
 
 def _check_cache(where: str, options: dict) -> list:
@@ -177,3 +188,32 @@ def _check_scale_out(where: str, location: Any, options: dict) -> list | None:
             )
         )
     return errors
+
+
+def _check_wait_replicas(where: str, options: dict) -> list:
+    """Check that WAIT fits in the socket timeout beside a blocking wait (E029).
+
+    The values themselves are the OPTIONS schema's to check.
+    """
+    timeout = options.get("WAIT_REPLICAS_TIMEOUT")
+    socket_timeout = options.get("SOCKET_TIMEOUT", 2.0)
+    if (
+        "CACHE" in options
+        or not _positive(timeout)
+        or not _positive(socket_timeout)
+        or timeout < socket_timeout * WAIT_ROOM
+    ):
+        return []
+    return [
+        _error(
+            f"{where}['OPTIONS']['WAIT_REPLICAS_TIMEOUT'] must be shorter than "
+            f"{WAIT_ROOM:g} x SOCKET_TIMEOUT ({socket_timeout * WAIT_ROOM:g} s), "
+            f"not {timeout!r}.",
+            WAIT_REPLICAS_HELP,
+            "distlock.E029",
+        )
+    ]
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

@@ -16,6 +16,7 @@ sync client or its ``redis.asyncio`` twin (:mod:`.client`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Generator, Iterable
@@ -25,26 +26,33 @@ from typing import Any
 from ...exceptions import LockBackendError
 from ...keys import encode_name
 from ..base import EXCLUSIVE, Lease, holder_identity, new_token
-from ..options import Bool, CacheAlias, Dict, Seconds, Text
+from ..options import Bool, CacheAlias, Dict, Integer, Seconds, Text
 from ..steps import StepsBackend
 from . import checks
 from .client import RedisClients, async_timeout
+from .indoubt import InDoubt
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
 from .kind_listing import RedisKindListing
 from .listing import RedisListing
+from .replicas import WAIT_REPLICAS_TIMEOUT, ReplicaWait, granted_by, popped_by
 from .sharing import RedisKinds
 
 __all__ = ["RedisLockBackend"]
+
+release_log = logging.getLogger("django_distlock.release")
 
 #: How long after its expected next call a waiter's queue record stays valid.
 WAITER_GRACE_MS = 1000
 
 # A command for the executors: ("eval", script, keys, args), ("blpop", key,
-# seconds) or ("hget", key, field).
+# seconds), ("hget", key, field), or ("waited", command) for an eval or blpop
+# followed by WAIT in the same round trip (answered: (reply, replicas)).
 Command = tuple
 
 
-class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend):
+class RedisLockBackend(
+    RedisKinds, RedisKindListing, RedisListing, ReplicaWait, StepsBackend
+):
     """Locks on one Redis server (or the server behind a django-redis cache).
 
     ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
@@ -99,6 +107,13 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
             "It is passed to redis-py's Sentinel as sentinel_kwargs.",
             id="distlock.E015",
         ),
+        "WAIT_REPLICAS": Integer(
+            "A grant counts once that many replicas confirmed it (WAIT); "
+            "0 (the default) does not wait.",
+            id="distlock.E029",
+            minimum=0,
+        ),
+        "WAIT_REPLICAS_TIMEOUT": Seconds(checks.WAIT_REPLICAS_HELP, id="distlock.E029"),
     }
 
     def __init__(self, alias: str, params: dict[str, Any]):
@@ -109,6 +124,11 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
         self.connect_timeout = self.redis.connect_timeout
         self.cluster = self.redis.cluster
         self._keys: dict[str, LockKeys] = {}
+        # WAIT_REPLICAS: a grant counts once that many replicas confirmed it.
+        self.wait_replicas = int(self.options.get("WAIT_REPLICAS") or 0)
+        self.wait_replicas_ms = ms(
+            float(self.options.get("WAIT_REPLICAS_TIMEOUT", WAIT_REPLICAS_TIMEOUT))
+        )
 
     @classmethod
     def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
@@ -153,6 +173,8 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
                 return self.redis.client.blpop([command[1]], command[2])
             if kind == "hget":
                 return self.redis.client.hget(command[1], command[2])
+            if kind == "waited":
+                return self._waited(command[1])
         except redis.exceptions.RedisError as e:
             raise self._error(e, kind) from e
         raise AssertionError(f"unknown command {kind!r}")
@@ -175,6 +197,15 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
             if kind == "hget":
                 async with async_timeout(deadline):
                     return await self.redis.aclient().hget(command[1], command[2])
+            if kind == "waited":
+                if self.cluster:
+                    # The node of a key, on the sync cluster client (see
+                    # _wait_client), in a worker thread.
+                    return await asyncio.to_thread(self._waited, command[1])
+                if deadline is not None and command[1][0] == "blpop":
+                    deadline += command[1][2]
+                async with async_timeout(deadline):
+                    return await self._awaited(command[1])
         except redis.exceptions.RedisError as e:
             raise self._error(e, kind) from e
         except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
@@ -211,22 +242,33 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
         sent = start
         live_ms = ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         try:
-            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            if self.wait_replicas:
+                reply = yield from self._replicated(acquire, keys, token, granted_by)
+                acquired, value = reply or (0, 0)
+            else:
+                acquired, value = yield acquire
             if not acquired:
                 acquired, value, sent = yield from self._wait_steps(
                     keys, args, token, value, sent, deadline, blocking
                 )
         except GeneratorExit:
-            raise  # closed by the executor: no clean-up wanted (backend down)
+            # Closed by the executor: the server did not answer, but it may
+            # have granted or queued the attempt all the same. No round trip
+            # here (a dead or paused server must fail fast): the attempt is
+            # cancelled in the background once the server answers.
+            self._in_doubt(name, token, ttl)
+            raise
         except BaseException:
             # Interrupted (a cancelled task, KeyboardInterrupt...) after the
             # request may have reached the server: leave the waiter queue, and
             # give back a lease taken or handed over meanwhile, so that nobody
             # waits a whole ttl for a caller that is gone.
-            wake = keys.wake_prefix + token
-            got, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-            if got:
-                yield ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+            try:
+                yield from self._cancel_steps(keys, token)
+            except GeneratorExit:
+                self._in_doubt(name, token, ttl)
+                raise
             raise
         if not acquired:
             return None
@@ -239,6 +281,66 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
             deadline=sent + ttl,
         )
 
+    def _cancel_steps(
+        self, keys: LockKeys, token: str
+    ) -> Generator[Command, Any, None]:
+        """Leave the waiter queue; give back a lease taken under ``token``."""
+        got, _ = yield (
+            "eval",
+            CANCEL,
+            (*keys.triple, keys.wake_prefix + token),
+            [token],
+        )
+        if got:
+            yield self._give_back_command(keys, token)
+
+    def _give_back_command(self, keys: LockKeys, token: str) -> Command:
+        """Return the command releasing ``token``'s lease (nothing if not held)."""
+        return ("eval", RELEASE, keys.triple, [token, keys.wake_prefix])
+
+    # -- acquisitions whose outcome is unknown ----------------------------
+
+    @cached_property
+    def in_doubt(self) -> InDoubt:
+        """Return the canceller of this backend's in-doubt acquisitions."""
+        return InDoubt(f"redis-{self.alias}", self._cancel_in_doubt)
+
+    def _in_doubt(self, name: str, token: str, ttl: float) -> None:
+        # A grant lasts ttl; a waiter record may still be handed the lock
+        # for one wait slice and its grace, and that grant lasts ttl too.
+        lasts = ttl + self.max_wait_slice + WAITER_GRACE_MS / 1000
+        self.in_doubt.add((name, token), lasts)
+
+    def _cancel_in_doubt(self, items: list[tuple[str, str]]) -> list[bool]:
+        """Cancel in-doubt attempts: one pipelined round trip for all of them.
+
+        Per attempt, the cancel script (leave the queue; was it granted?)
+        and a release of its token: a compare-and-delete, so a release of a
+        token that holds nothing does nothing.
+        """
+        commands: list[Command] = []
+        for name, token in items:
+            keys = self.keys_for(name)
+            wake = keys.wake_prefix + token
+            commands.append(("eval", CANCEL, (*keys.triple, wake), [token]))
+            commands.append(self._give_back_command(keys, token))
+        replies = self._pipeline(commands)
+        done = []
+        for k, (name, _token) in enumerate(items):
+            cancelled, released = replies[2 * k], replies[2 * k + 1]
+            ok = not isinstance(cancelled, Exception) and not isinstance(
+                released, Exception
+            )
+            if ok and (cancelled[0] or released):
+                release_log.info(
+                    "Cancelled an acquisition of lock %r whose reply was lost "
+                    "(Redis lock backend %r).",
+                    name,
+                    self.alias,
+                )
+            done.append(ok)
+        return done
+
     def _wait_steps(
         self, keys, args, token, value, sent, deadline, blocking
     ) -> Generator[Command, Any, tuple[Any, Any, float]]:
@@ -249,26 +351,37 @@ class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend)
             now = time.monotonic()
             if now >= deadline or not blocking:
                 if blocking:
-                    acquired, value = yield (
-                        "eval",
-                        CANCEL,
-                        (*keys.triple, wake),
-                        [token],
-                    )
+                    cancel = ("eval", CANCEL, (*keys.triple, wake), [token])
+                    if self.wait_replicas:
+                        reply = yield from self._replicated(
+                            cancel, keys, token, granted_by
+                        )
+                        acquired, value = reply or (0, 0)
+                    else:
+                        acquired, value = yield cancel
                 break
             # Sleep until woken by a handoff, or until the lease could have
             # expired (its holder may have died), or the slice ends.
             pttl = int(value) / 1000 if int(value) > 0 else 0.0
             wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
             if wait >= 0.001:
-                popped = yield ("blpop", wake, round(wait, 3))
+                blpop = ("blpop", wake, round(wait, 3))
+                if self.wait_replicas:
+                    popped = yield from self._replicated(blpop, keys, token, popped_by)
+                else:
+                    popped = yield blpop
                 if popped is not None:
                     acquired, value = 1, popped[1]
                     break
             sent = time.monotonic()
             slice_len = min(self.max_wait_slice, deadline - sent)
             live_ms = ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
-            acquired, value = yield ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            if self.wait_replicas:
+                reply = yield from self._replicated(acquire, keys, token, granted_by)
+                acquired, value = reply or (0, 0)
+            else:
+                acquired, value = yield acquire
         return acquired, value, sent
 
     def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:

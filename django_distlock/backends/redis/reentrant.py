@@ -37,6 +37,7 @@ from ..base import Lease, holder_identity, new_token, running_task
 from .keys import CANCEL, R_ACQUIRE, R_ADOPT, R_EXTEND, R_RELEASE
 from .keys import ms as _ms
 from .plain import WAITER_GRACE_MS, Command, RedisLockBackend
+from .replicas import granted_by, popped_by
 
 __all__ = ["ReentrantLease", "ReentrantRedisLockBackend", "current_owner"]
 
@@ -240,16 +241,23 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         wake = keys.wake_prefix + token
         try:
-            reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+            if self.wait_replicas:
+                reply = yield from self._racquire(keys, token, [*args, live_ms, owner])
+            else:
+                reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
         except GeneratorExit:
-            raise  # closed by the executor: no clean-up wanted (backend down)
+            # The server did not answer: cancelled in the background.
+            self._in_doubt(name, token, ttl)
+            raise
         except BaseException:
             # Interrupted (a cancelled task...) after the request may have
             # reached the server: leave the queue, give back a lease taken,
             # so that no waiter is handed a lock whose caller is gone.
-            handed, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-            if handed:
-                yield ("eval", R_RELEASE, keys.triple, [token, keys.wake_prefix, ""])
+            try:
+                yield from self._cancel_steps(keys, token)
+            except GeneratorExit:
+                self._in_doubt(name, token, ttl)
+                raise
             raise
         if reply[0] == 2 and not self._holds_live(name, reply[2].decode(), owner):
             # Re-entered levels no handle of ours holds: left by a release
@@ -274,24 +282,37 @@ class ReentrantRedisLockBackend(RedisLockBackend):
                 keys, args, owner, wake, reply, sent, deadline, blocking
             )
         except GeneratorExit:
-            raise  # closed by the executor (backend down): no round trip
+            # The server did not answer: cancelled in the background.
+            self._in_doubt(name, token, ttl)
+            raise
         except BaseException:
             # Interrupted (cancelled task, KeyboardInterrupt...) while queued:
             # leave the queue, and give back a lease handed over meanwhile.
             if blocking:
-                handed, _ = yield ("eval", CANCEL, (*keys.triple, wake), [token])
-                if handed:
-                    yield (
-                        "eval",
-                        R_RELEASE,
-                        keys.triple,
-                        [token, keys.wake_prefix, ""],
-                    )
+                try:
+                    yield from self._cancel_steps(keys, token)
+                except GeneratorExit:
+                    self._in_doubt(name, token, ttl)
+                    raise
             raise
         if got is None:
             return None
         holder, fence, deadline_at = got
         return self._lease(name, holder, fence, ttl, deadline_at, owner)
+
+    def _racquire(self, keys, token: str, args: list) -> Generator[Command, Any, list]:
+        """Run the reentrant acquire script (followed by WAIT with
+        WAIT_REPLICAS: a fresh grant that too few replicas confirmed was given
+        back, and the lock counts as busy)."""
+        acquire = ("eval", R_ACQUIRE, keys.triple, args)
+        if not self.wait_replicas:
+            return (yield acquire)
+        reply = yield from self._replicated(acquire, keys, token, granted_by)
+        return [0, 0] if reply is None else reply
+
+    def _give_back_command(self, keys, token: str) -> Command:
+        # Every level of the lease: an in-doubt attempt's token is its own.
+        return ("eval", R_RELEASE, keys.triple, [token, keys.wake_prefix, ""])
 
     def _reentrant_wait_steps(
         self, keys, args, owner, wake, reply, sent, deadline, blocking
@@ -303,7 +324,14 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             if now >= deadline or not blocking:
                 if blocking:
                     # Withdraw; a handoff that came first is kept.
-                    got, fence = yield ("eval", CANCEL, (*keys.triple, wake), [token])
+                    cancel = ("eval", CANCEL, (*keys.triple, wake), [token])
+                    if self.wait_replicas:
+                        reply = yield from self._replicated(
+                            cancel, keys, token, granted_by
+                        )
+                        got, fence = reply or (0, 0)
+                    else:
+                        got, fence = yield cancel
                     if got:
                         yield ("eval", R_ADOPT, (keys.lease,), [token, owner])
                         return token, fence, sent + int(args[1]) / 1000
@@ -313,7 +341,11 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             pttl = int(reply[1]) / 1000 if int(reply[1]) > 0 else 0.0
             wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
             if wait >= 0.001:
-                popped = yield ("blpop", wake, round(wait, 3))
+                blpop = ("blpop", wake, round(wait, 3))
+                if self.wait_replicas:
+                    popped = yield from self._replicated(blpop, keys, token, popped_by)
+                else:
+                    popped = yield blpop
                 if popped is not None:
                     message = popped[1]
                     if not message.startswith(b"+"):
@@ -323,7 +355,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
             sent = time.monotonic()
             slice_len = min(self.max_wait_slice, deadline - sent)
             live_ms = _ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
-            reply = yield ("eval", R_ACQUIRE, keys.triple, [*args, live_ms, owner])
+            reply = yield from self._racquire(keys, token, [*args, live_ms, owner])
         _, fence, holder, pttl = reply
         return holder.decode(), fence, sent + int(pttl) / 1000
 

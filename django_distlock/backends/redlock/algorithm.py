@@ -8,15 +8,18 @@ extend and renew are one script per node; a quorum decides.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
 from collections.abc import Generator
+from functools import cached_property
 from typing import Any
 
 from ...exceptions import LockBackendError
 from ..base import Lease, holder_identity, new_token
 from ..kinds import EXCLUSIVE
+from ..redis.indoubt import InDoubt
 from .steps import (
     ACQUIRE,
     COMMIT,
@@ -36,6 +39,8 @@ from .steps import (
 )
 
 __all__ = ["RedlockAlgorithm", "single"]
+
+release_log = logging.getLogger("django_distlock.release")
 
 
 class RedlockAlgorithm:
@@ -65,6 +70,46 @@ class RedlockAlgorithm:
             token,
         )
 
+    # -- acquisitions whose outcome is unknown, per node -------------------
+
+    @cached_property
+    def in_doubt(self) -> InDoubt:
+        """Return the canceller of this backend's in-doubt acquisitions."""
+        return InDoubt(f"redlock-{self.alias}", self._cancel_in_doubt)
+
+    def _in_doubt(self, name: str, token: str, ttl: float, nodes: set[int]) -> None:
+        lasts = ttl + MAX_WAIT_SLICE + WAITER_GRACE_MS / 1000
+        for i in nodes:
+            self.in_doubt.add((i, name, token), lasts)
+
+    def _cancel_in_doubt(self, items: list[tuple[int, str, str]]) -> list[bool]:
+        """Cancel in-doubt attempts: one round trip per node, for all of its
+        attempts (drop the waiter record, release the token's lease)."""
+        by_node: dict[int, list[int]] = {}
+        for k, (i, _name, _token) in enumerate(items):
+            by_node.setdefault(i, []).append(k)
+        done = [False] * len(items)
+        for i, ks in by_node.items():
+            commands = []
+            for k in ks:
+                keys = self.keys_for(items[k][1])
+                commands.append(("ZREM", keys[2], items[k][2]))
+                commands.append(self._release_command(keys, items[k][2]))
+            replies = self._execute(Fanout(commands, nodes=[i], force=True))[i]
+            if isinstance(replies, Failed):
+                continue
+            for n, k in enumerate(ks):
+                done[k] = True
+                if replies[2 * n + 1]:
+                    release_log.info(
+                        "Cancelled an acquisition of lock %r on node %s whose "
+                        "reply was lost (Redlock backend %r).",
+                        items[k][1],
+                        self.nodes[i].url,
+                        self.alias,
+                    )
+        return done
+
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None
     ) -> Generator[Any, Any, Lease | None]:
@@ -78,6 +123,9 @@ class RedlockAlgorithm:
         registered = False
         no_quorum_since = None
         first = True
+        # Nodes that may hold a grant or a waiter record of this attempt
+        # that nobody will release: asked, no answer, and not undone since.
+        doubt: set[int] = set()
         try:
             while True:
                 sent = time.monotonic()
@@ -93,11 +141,17 @@ class RedlockAlgorithm:
                         name, keys, token, [f for _i, f in granted], ttl, sent
                     )
                     if lease is not None:
+                        # Held: what a node may still hold of an earlier
+                        # attempt has this lease's token; its release frees it.
+                        doubt = set()
                         return lease
                 if granted or failed:
                     # Undo everywhere it may have been set: granted nodes, and
                     # failed ones (a late reply may hide a grant).
-                    yield Fanout([self._release_command(keys, token)])
+                    undone = yield Fanout([self._release_command(keys, token)])
+                    doubt |= {i for i, r in enumerate(results) if _asked(r)}
+                    doubt |= {i for i, _f in granted}
+                    doubt = {i for i in doubt if isinstance(undone[i], Failed)}
                 now = time.monotonic()
                 if len(granted) + len(busy) < quorum:
                     # Not enough nodes answered to decide anything.
@@ -134,8 +188,17 @@ class RedlockAlgorithm:
             # a node may hold a lease of ours that we never heard of, and a
             # waiter record of ours would be handed the lock by the next
             # release. Undo both (best effort; the executor re-raises).
-            yield Fanout([("ZREM", keys[2], token), self._release_command(keys, token)])
+            undone = yield Fanout(
+                [("ZREM", keys[2], token), self._release_command(keys, token)]
+            )
+            doubt = {i for i, r in enumerate(undone) if isinstance(r, Failed)}
             raise
+        finally:
+            if doubt:
+                # Left with a node that did not answer: cancel there in the
+                # background, once it answers again (each node, not only
+                # the quorum, must not keep a grant that nobody holds).
+                self._in_doubt(name, token, ttl, doubt)
 
     def _attempt(
         self, first: bool, keys: tuple, token: str, meta: bytes, ttl: float, live_ms
@@ -410,6 +473,11 @@ class RedlockAlgorithm:
         if held + failed >= self.quorum and time.monotonic() < lease.deadline:
             return True
         return False
+
+
+def _asked(result: object) -> bool:
+    """Whether a node's ``result`` leaves the step's outcome there unknown."""
+    return isinstance(result, Failed) and result.asked
 
 
 def single(step: Fanout) -> Generator[Any, Any, Any]:

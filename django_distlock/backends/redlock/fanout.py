@@ -184,14 +184,14 @@ class FanoutExecutor:
         """Return (results preset for skipped nodes, nodes to ask)."""
         now = time.monotonic()
         nodes = range(len(self.nodes)) if step.nodes is None else step.nodes
-        results: list = [Failed("not asked")] * len(self.nodes)
+        results: list = [Failed("not asked", asked=False)] * len(self.nodes)
         targets = []
         for i in nodes:
             node = self.nodes[i]
             if node.down_until > now and not step.force:
-                results[i] = Failed(f"skipped after: {node.last_error}")
+                results[i] = Failed(f"skipped after: {node.last_error}", asked=False)
             elif step.skip_quarantined and node.quarantine_until > now:
-                results[i] = Failed("restarted recently (RESTART_DELAY)")
+                results[i] = Failed("restarted recently (RESTART_DELAY)", asked=False)
             else:
                 targets.append(i)
         return results, targets

@@ -58,12 +58,18 @@ NO_QUORUM_GRACE = 1.0
 
 
 class Failed:
-    """A node that did not answer a step (down, timed out, or an error)."""
+    """A node that did not answer a step (down, timed out, or an error).
 
-    __slots__ = ("error",)
+    ``asked`` is False when the step was never sent to the node (skipped
+    while it is down or quarantined): only a node that was asked may have
+    carried out a step whose reply it did not give.
+    """
 
-    def __init__(self, error: BaseException | str):
+    __slots__ = ("asked", "error")
+
+    def __init__(self, error: BaseException | str, asked: bool = True):
         self.error = error
+        self.asked = asked
 
     def __repr__(self) -> str:
         return f"<failed: {self.error}>"

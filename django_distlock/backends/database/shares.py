@@ -1,0 +1,425 @@
+"""Shared locks and semaphore permits of the database backend.
+
+A shared lock keeps the lock's own row (``LockRecord``): while shared
+holders have it, its ``token`` is :data:`.dialects.SHARED_MARK` and its
+``expires_at`` the latest expiry among them, so the exclusive hot path (one
+conditional UPDATE) finds it taken without knowing about shares. Each shared
+holder is a row of ``LockShare`` with its own token and expiry. A semaphore
+is a row of its own (a digest apart from every lock's), marked
+:data:`.dialects.PERMITS_MARK` while permits are out, one ``LockShare`` row
+per permit.
+
+Every change to the holders of a name runs in one transaction that first
+locks the name's row (``SELECT ... FOR UPDATE``; on SQLite, ``BEGIN
+IMMEDIATE`` locks the file), so two acquirers never both see room.
+
+Queues, as rows that expire unless their waiter renews them at each attempt
+(:data:`WAITER_TTL`), so a dead waiter holds nobody up for long:
+
+- writer preference: an exclusive waiter that finds shared holders leaves a
+  ``writer`` row; shared requests wait while one lives;
+- permits are granted in FIFO order: a waiter leaves a ``queued`` row and is
+  granted a permit only when the holders and the waiters queued before it
+  leave one free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from ...exceptions import LockBackendError
+from ..base import Holder, Lease
+from ..kinds import SHARED, Kind, permit
+from .dialects import PERMITS_MARK, SHARED_MARK
+from .names import decode_name, encode_name
+from .waiting import _channel
+
+__all__ = ["WAITER_TTL", "SharesMixin"]
+
+#: Seconds a waiter's place in a queue lasts unless its next attempt renews
+#: it; longer than any pause between two attempts (polling stops at
+#: ``MAX_BACKOFF``, a notified waiter tries again at least every second).
+WAITER_TTL = 2.0
+#: The wait suggested to a request that queues behind others, seconds.
+QUEUED_HINT = 0.005
+
+
+def permit_digest(namespace: str, name: str) -> str:
+    """Return the row key of semaphore ``name``: never a lock's row key.
+
+    Lock rows hash ``"<length>:<namespace>:<name>"``, which starts with a
+    digit; this starts with ``"permit:"``.
+    """
+    raw = f"permit:{len(namespace)}:{namespace}:{name}"
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _no_share_table(exc: Exception) -> bool:
+    """Return True if ``exc`` says the share table does not exist."""
+    if "lockshare" not in str(exc).lower():
+        return False
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    if code == "42P01":  # PostgreSQL: undefined table
+        return True
+    if exc.args and exc.args[0] == 1146:  # MySQL/MariaDB: no such table
+        return True
+    return "no such table" in str(exc)  # SQLite
+
+
+class SharesMixin:
+    """The shared-lock and semaphore half of the database backend."""
+
+    alias: str
+    key_prefix: str
+    max_backoff: float
+    wait_notify: bool
+    _call: Any
+    _execute: Any
+    _transaction: Any
+    _dialect: Any
+    _digest: Any
+
+    def _init_shares(self) -> None:
+        #: Tokens of this process's waiters that hold a place in a queue.
+        self._queued: set[str] = set()
+
+    def _waiter_ttl(self) -> float:
+        return max(WAITER_TTL, 4 * self.max_backoff)
+
+    def _kind_digest(self, name: str, kind: Kind) -> str:
+        if kind.mode == "permit":
+            return permit_digest(self.key_prefix, name)
+        return self._digest(name)
+
+    @staticmethod
+    def _share_kind(kind: Kind) -> Kind:
+        """Return ``kind`` checked (SHARED itself for a shared one)."""
+        if kind.mode == "shared":
+            return SHARED
+        if kind.mode == "permit":
+            limit = kind.limit
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(
+                    f"A semaphore's limit must be a positive integer, not {limit!r}."
+                )
+            return kind
+        if kind.mode == "exclusive":
+            raise AssertionError("exclusive acquisitions take the lock's own path")
+        raise ValueError(f"The database lock backend has no {kind.mode!r} kind.")
+
+    @staticmethod
+    def _mark(mode: str) -> str:
+        return PERMITS_MARK if mode == "permit" else SHARED_MARK
+
+    # -- acquiring --------------------------------------------------------
+
+    def _locked_row(self, cur: Any, name: str, digest: str) -> tuple:
+        """Lock the row of ``digest`` (creating it free); return its state.
+
+        ``(token, live, remaining seconds, fence)``.
+        """
+        run = self._execute
+        for _ in range(2):
+            run(cur, "row_locked", (digest,))
+            rows = cur.fetchall()
+            if rows:
+                return rows[0]
+            # As for an exclusive lock's first acquisition: the shared lock
+            # on the floor row keeps clear_stale() from raising it meanwhile.
+            run(cur, "ensure_floor", ())
+            run(cur, "floor_shared", ())
+            floor = int(cur.fetchall()[0][0])
+            run(cur, "create_free", (digest, self.key_prefix, encode_name(name), floor))
+        raise LockBackendError(
+            f"Database lock backend {self.alias!r}: the row of {name!r} vanished "
+            "twice while it was being created."
+        )
+
+    def _attempt_share(
+        self,
+        cursor: Any,
+        name: str,
+        digest: str,
+        token: str,
+        ttl: float,
+        identity: tuple[str, int, str],
+        kind: Kind,
+    ) -> tuple[int | None, float]:
+        """Try once for a shared lease or a permit, in one transaction."""
+
+        def grant(cur: Any) -> tuple[int | None, float]:
+            run = self._execute
+            holder, live, remaining, fence = self._locked_row(cur, name, digest)
+            fence = int(fence)
+            run(cur, "shares_purge", (digest,))
+            if kind.mode == "permit":
+                waited = self._permit_room(cur, name, digest, token, identity, kind)
+                if waited is not None:
+                    return None, waited
+                fence += 1  # each permit a fencing token of its own
+            else:
+                if live and holder != SHARED_MARK:
+                    return None, max(QUEUED_HINT, float(remaining or 0.0))
+                run(cur, "writers_waiting", (digest,))
+                writers = cur.fetchall()
+                if writers:
+                    return None, max(QUEUED_HINT, min(float(w[0]) for w in writers))
+            ttl_p = self._dialect.ttl_param(ttl)
+            host, pid, thread = identity
+            run(
+                cur,
+                "share_insert",
+                (digest, kind.mode, kind.limit, token, fence, host, pid, thread, ttl_p),
+            )
+            mark = self._mark(kind.mode)
+            run(cur, "mark", (mark, ttl_p, ttl_p, mark, fence, digest))
+            return fence, 0.0
+
+        result = self._transaction(cursor, grant)
+        if result[0] is not None:
+            self._queued.discard(token)
+        return result
+
+    def _permit_room(
+        self,
+        cur: Any,
+        name: str,
+        digest: str,
+        token: str,
+        identity: tuple[str, int, str],
+        kind: Kind,
+    ) -> float | None:
+        """Return None if a permit is free for ``token``, else a wait hint.
+
+        A waiter without room keeps (or takes) its place in the queue.
+        """
+        run = self._execute
+        run(cur, "permit_limits", (digest, kind.limit))
+        others = cur.fetchall()
+        if others:
+            raise ValueError(
+                f"Semaphore {name!r} has {others[0][0]} permits, not {kind.limit}: "
+                "every holder must pass the same limit."
+            )
+        run(cur, "permit_count", (digest,))
+        held, soonest = cur.fetchall()[0]
+        run(cur, "queue_ahead", (digest, token))
+        ahead = int(cur.fetchall()[0][0])
+        if int(held) + ahead < kind.limit:
+            if token in self._queued:
+                run(cur, "share_delete", (token,))
+            return None
+        self._hold_place(cur, digest, token, identity, "queued", kind.limit)
+        return max(QUEUED_HINT, float(soonest or 0.0))
+
+    def _hold_place(
+        self,
+        cursor: Any,
+        digest: str,
+        token: str,
+        identity: tuple[str, int, str],
+        mode: str,
+        limit: int | None = None,
+    ) -> None:
+        """Keep ``token``'s place in the queue of ``digest`` for a while."""
+        ttl_p = self._dialect.ttl_param(self._waiter_ttl())
+        if token in self._queued:
+            self._execute(cursor, "share_refresh", (ttl_p, token))
+            if cursor.rowcount == 1:
+                return
+            # Purged after it expired: queue again, at the back.
+            self._execute(cursor, "share_delete", (token,))
+        host, pid, thread = identity
+        self._execute(
+            cursor,
+            "share_insert",
+            (digest, mode, limit, token, 0, host, pid, thread, ttl_p),
+        )
+        self._queued.add(token)
+
+    def _queue_writer(
+        self, cursor: Any, digest: str, token: str, identity: tuple[str, int, str]
+    ) -> None:
+        """Queue an exclusive waiter that found shared holders (autocommit)."""
+        self._hold_place(cursor, digest, token, identity, "writer")
+
+    def _leave_queue(self, cursor: Any, digest: str, token: str) -> None:
+        """Drop the place of a waiter just granted its lease.
+
+        A failure is left alone: the place expires within seconds.
+        """
+        try:
+            self._withdraw_once(cursor, digest, token)
+        except Exception:  # noqa: BLE001 - the lease is granted either way
+            pass
+
+    def _withdraw_once(
+        self, cursor: Any, digest: str, token: str, wake: bool = False
+    ) -> None:
+        self._queued.discard(token)
+        self._execute(cursor, "share_delete", (token,))
+        if wake and self.wait_notify and cursor.rowcount == 1:
+            # Readers queued behind a writer that gave up may go now.
+            self._execute(cursor, "notify", (_channel(digest),))
+            cursor.fetchall()
+
+    # -- releasing, extending, checking -----------------------------------
+
+    def _unshare(self, cur: Any, digest: str, token: str) -> tuple[bool, bool]:
+        """Remove the holder or waiter ``token``; return ``(found, was live)``.
+
+        Inside a transaction: the name's row is locked first.
+        """
+        run = self._execute
+        run(cur, "row_locked", (digest,))
+        cur.fetchall()
+        run(cur, "share_live", (token, digest))
+        rows = cur.fetchall()
+        if not rows:
+            return False, False
+        live, mode = rows[0]
+        run(cur, "share_delete", (token,))
+        if mode in ("shared", "permit"):
+            mark = self._mark(mode)
+            run(cur, "unmark", (digest, mode, digest, mode, digest, mark))
+            if self.wait_notify:
+                run(cur, "notify", (_channel(digest),))
+                cur.fetchall()
+        return True, bool(live)
+
+    def _release_share_once(self, cursor: Any, digest: str, token: str) -> bool:
+        return self._transaction(cursor, lambda cur: self._unshare(cur, digest, token))
+
+    def _release_share(self, lease: Lease) -> bool:
+        found, live = self._call(
+            "release", self._release_share_once, self._lease_digest(lease), lease.token
+        )
+        return found and live
+
+    def _drop_share_once(self, cursor: Any, digest: str, token: str) -> bool:
+        found, _live = self._release_share_once(cursor, digest, token)
+        return found
+
+    def _drop_any_once(self, cursor: Any, digest: str, token: str) -> bool:
+        """Drop whatever ``token`` holds of ``digest``: lease, share or place."""
+        if self._drop_once(cursor, digest, token):
+            return True
+        self._queued.discard(token)
+        return self._drop_share_once(cursor, digest, token)
+
+    def _extend_share_once(
+        self, cursor: Any, digest: str, token: str, mode: str, ttl: float
+    ) -> bool:
+        ttl_p = self._dialect.ttl_param(ttl)
+
+        def extend(cur: Any) -> bool:
+            run = self._execute
+            run(cur, "row_locked", (digest,))
+            cur.fetchall()
+            run(cur, "share_extend", (ttl_p, token, digest, mode))
+            if cur.rowcount != 1:
+                return False
+            run(cur, "mark_extend", (ttl_p, digest, self._mark(mode), ttl_p))
+            return True
+
+        return self._transaction(cursor, extend)
+
+    def _extend_share(self, lease: Lease, ttl: float) -> bool:
+        return self._call(
+            "extend",
+            self._extend_share_once,
+            self._lease_digest(lease),
+            lease.token,
+            lease.kind.mode,
+            ttl,
+        )
+
+    def _share_is_held_once(
+        self, cursor: Any, digest: str, token: str, mode: str
+    ) -> bool:
+        self._execute(cursor, "share_is_held", (token, digest, mode))
+        return bool(cursor.fetchall())
+
+    def _share_is_held(self, lease: Lease) -> bool:
+        return self._call(
+            "check",
+            self._share_is_held_once,
+            self._lease_digest(lease),
+            lease.token,
+            lease.kind.mode,
+        )
+
+    def _renew_mixed(self, leases: list[Lease]) -> list[bool | None]:
+        """Renew exclusive leases in one batch, the others one by one."""
+        results: list[bool | None] = [None] * len(leases)
+        exclusive = [i for i, lease in enumerate(leases) if lease.kind.exclusive]
+        if exclusive:
+            batch = self.renew([leases[i] for i in exclusive])
+            for i, ok in zip(exclusive, batch):
+                results[i] = ok
+        for i, lease in enumerate(leases):
+            if lease.kind.exclusive:
+                continue
+            try:
+                results[i] = self.extend(lease, lease.ttl)
+            except Exception:  # noqa: BLE001 - reported as None, as renew() does
+                results[i] = None
+        return results
+
+    def _force_release_share(self, name: str, token: str, kind: Kind) -> bool:
+        return self._call(
+            "force-release",
+            self._drop_share_once,
+            self._kind_digest(name, kind),
+            token,
+        )
+
+    # -- listing and clearing ---------------------------------------------
+
+    def _share_rows(self, cursor: Any, prefix: str) -> list[tuple]:
+        stored = encode_name(prefix)
+        try:
+            self._execute(
+                cursor, "share_holders", (self.key_prefix, len(stored), stored)
+            )
+        except Exception as e:
+            if _no_share_table(e):
+                return []  # migration 0003 not run yet: exclusive locks only
+            raise
+        return list(cursor.fetchall())
+
+    def _share_holders(self, prefix: str) -> Iterator[Holder]:
+        rows = self._call("list locks", self._share_rows, prefix)
+        when = datetime.fromtimestamp
+        utc = timezone.utc
+        for row in rows:
+            name, token, host, pid, thread, acquired, expires, fence, mode, limit = row
+            name = decode_name(name)
+            if not name.startswith(prefix):
+                continue  # a padding collation (see migration 0002)
+            yield Holder(
+                backend=self.alias,
+                name=name,
+                token=token,
+                host=host,
+                pid=pid,
+                thread=thread,
+                acquired_at=None if acquired is None else when(float(acquired), utc),
+                expires_at=when(float(expires), utc),
+                fencing_token=int(fence),
+                kind=permit(int(limit)) if mode == "permit" else SHARED,
+            )
+
+    def _clear_stale_shares(self, cursor: Any) -> int:
+        """Delete expired shared leases, permits and places; count the leases."""
+        try:
+            self._execute(cursor, "stale_waiters", (self.key_prefix,))
+        except Exception as e:
+            if _no_share_table(e):
+                return 0  # migration 0003 not run yet: nothing to clear
+            raise
+        self._execute(cursor, "stale_holders", (self.key_prefix,))
+        return max(0, cursor.rowcount)

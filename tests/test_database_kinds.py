@@ -1,0 +1,563 @@
+"""Shared locks and semaphore permits on the database backend.
+
+Every test runs against SQLite (the ``default`` alias, when
+``DISTLOCK_TEST_DB`` is ``sqlite``), PostgreSQL (alias ``postgres``, with and
+without ``WAIT = "notify"``) and MariaDB/MySQL (alias ``mysql``); a server
+that is not reachable skips locally and fails under ``CI=true``. The backend
+is called directly (``backend.acquire(name, ttl, timeout, SHARED)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from django_distlock import locks
+from django_distlock.backends.database import DatabaseLockBackend
+from django_distlock.backends.kinds import EXCLUSIVE, SHARED, permit
+from django_distlock.models import LockShare
+
+from . import kinds_workers
+from .procs import run_in_processes, start_process
+
+BACKEND = "django_distlock.backends.database.DatabaseLockBackend"
+
+
+def _param(database: str, *marks, notify: bool = False):
+    databases = ["default"] if database == "default" else ["default", database]
+    ident = {"default": "sqlite"}.get(database, database)
+    return pytest.param(
+        (database, notify),
+        marks=[pytest.mark.django_db(transaction=True, databases=databases), *marks],
+        id=ident + ("-notify" if notify else ""),
+    )
+
+
+DATABASES = [
+    _param("default"),
+    _param("postgres", pytest.mark.postgres),
+    _param("postgres", pytest.mark.postgres, notify=True),
+    _param("mysql", pytest.mark.mysql),
+]
+
+
+@pytest.fixture(params=DATABASES)
+def backend(request) -> DatabaseLockBackend:
+    """The database backend on the database under test (LOCKS["default"])."""
+    alias, notify = request.param
+    if alias == "default":
+        if connections["default"].vendor != "sqlite":
+            pytest.skip("the default database is not SQLite (DISTLOCK_TEST_DB)")
+    else:
+        request.getfixturevalue(f"{alias}_available")
+    options = {"DATABASE": alias}
+    if notify:
+        options["WAIT"] = "notify"
+    setting = {"default": {"BACKEND": BACKEND, "TTL": 5, "OPTIONS": options}}
+    with override_settings(LOCKS=setting):
+        backend = locks["default"]
+        assert isinstance(backend, DatabaseLockBackend)
+        yield backend
+    locks.reset()
+
+
+@pytest.fixture
+def name():
+    return f"kinds:{uuid.uuid4().hex[:10]} [%_*?]"
+
+
+def _rows(backend, **filters):
+    return LockShare.objects.using(backend.database).filter(**filters)
+
+
+def _wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+# -- shared locks -------------------------------------------------------------
+
+
+class TestShared:
+    def test_shared_holders_coexist_and_exclude_exclusive(self, backend, name):
+        assert "shared" in backend.kinds and "permit" in backend.kinds
+        a = backend.acquire(name, 10, 0, SHARED)
+        b = backend.acquire(name, 10, 0, SHARED)
+        assert a is not None and b is not None
+        assert a.kind is SHARED and b.kind is SHARED and a.token != b.token
+        assert backend.acquire(name, 10, 0) is None
+        assert backend.release(a)
+        assert backend.acquire(name, 10, 0) is None  # b still holds it
+        assert backend.release(b)
+        writer = backend.acquire(name, 10, 0)
+        assert writer is not None and writer.kind is EXCLUSIVE
+        assert backend.acquire(name, 10, 0, SHARED) is None
+        assert backend.release(writer)
+        assert backend.acquire(name, 10, 0, SHARED) is not None
+
+    def test_exclusive_waiter_gets_in_when_the_last_reader_leaves(self, backend, name):
+        reader = backend.acquire(name, 10, 0, SHARED)
+        got = []
+        waiter = threading.Thread(
+            target=lambda: got.append(backend.acquire(name, 10, 20))
+        )
+        started = time.monotonic()
+        waiter.start()
+        time.sleep(0.3)
+        assert backend.release(reader)
+        waiter.join(30)
+        assert got[0] is not None and got[0].kind is EXCLUSIVE
+        assert time.monotonic() - started < 10  # woken, not left to the ttl
+        assert backend.release(got[0])
+
+    def test_writer_preference(self, backend, name):
+        reader = backend.acquire(name, 10, 0, SHARED)
+        got = []
+        waiter = threading.Thread(
+            target=lambda: got.append(backend.acquire(name, 10, 30))
+        )
+        waiter.start()
+        _wait_for(lambda: _rows(backend, kind="writer").exists())
+        # A new reader queues behind the waiting writer.
+        assert backend.acquire(name, 10, 0, SHARED) is None
+        late = []
+        late_reader = threading.Thread(
+            target=lambda: late.append(backend.acquire(name, 10, 30, SHARED))
+        )
+        late_reader.start()
+        time.sleep(0.2)
+        assert backend.release(reader)
+        waiter.join(30)
+        writer = got[0]
+        assert writer is not None
+        assert not _rows(backend, kind="writer").exists()  # its place is gone
+        time.sleep(0.2)
+        assert not late  # still behind the writer
+        assert backend.release(writer)
+        late_reader.join(30)
+        assert late[0] is not None and late[0].fencing_token == writer.fencing_token
+        assert backend.release(late[0])
+
+    def test_dead_waiter_does_not_block_readers(self, backend, name):
+        reader = backend.acquire(name, 30, 0, SHARED)
+        # A waiter's place, left as by a process killed while it waited.
+        digest = backend._digest(name)
+        backend._call(
+            "queue",
+            backend._queue_writer,
+            digest,
+            "f" * 32,
+            ("elsewhere", 1, "MainThread"),
+        )
+        backend._queued.discard("f" * 32)  # its process is gone
+        assert backend.acquire(name, 10, 0, SHARED) is None
+        started = time.monotonic()
+        second = backend.acquire(name, 10, 10, SHARED)
+        assert second is not None
+        assert time.monotonic() - started < 6
+        assert backend.release(second) and backend.release(reader)
+
+    def test_timed_out_writer_leaves_no_place(self, backend, name):
+        reader = backend.acquire(name, 30, 0, SHARED)
+        assert backend.acquire(name, 10, 0.3) is None
+        assert not _rows(backend, kind="writer").exists()
+        assert backend.acquire(name, 10, 0, SHARED) is not None
+        assert backend.release(reader)
+
+    def test_each_holder_has_its_own_lease(self, backend, name):
+        a = backend.acquire(name, 2, 0, SHARED)
+        b = backend.acquire(name, 2, 0, SHARED)
+        before = a.deadline
+        assert backend.extend(a, 30)
+        assert a.deadline > before + 20
+        assert backend.force_release(name, b.token, SHARED)
+        assert not backend.is_held(b) and backend.is_held(a)
+        assert not backend.release(b)
+        assert not backend.extend(b, 10)
+        assert not backend.force_release(name, b.token, SHARED)
+        # b's force release left a holding the lock past b's own expiry.
+        time.sleep(2.2)
+        assert backend.is_held(a)
+        assert backend.acquire(name, 10, 0) is None
+        assert backend.renew([a, a]) == [True, True]
+        assert backend.release(a)
+        assert backend.acquire(name, 10, 0) is not None
+
+    def test_dead_readers_expire(self, backend, name):
+        a = backend.acquire(name, 0.5, 0, SHARED)
+        b = backend.acquire(name, 1.0, 0, SHARED)
+        assert backend.acquire(name, 10, 0) is None
+        writer = backend.acquire(name, 10, 10)
+        assert writer is not None
+        assert not backend.is_held(a) and not backend.is_held(b)
+        assert not backend.release(a)
+        assert backend.is_held(writer)
+
+    def test_fencing_order(self, backend, name):
+        first = backend.acquire(name, 10, 0)
+        backend.release(first)
+        readers = [backend.acquire(name, 10, 0, SHARED) for _ in range(3)]
+        assert all(r.fencing_token >= first.fencing_token for r in readers)
+        for r in readers:
+            backend.release(r)
+        second = backend.acquire(name, 10, 0)
+        assert second.fencing_token > first.fencing_token
+        assert all(second.fencing_token > r.fencing_token for r in readers)
+        backend.release(second)
+        # A name first taken shared: the next exclusive still goes above it.
+        other = name + ":new"
+        reader = backend.acquire(other, 10, 0, SHARED)
+        backend.release(reader)
+        writer = backend.acquire(other, 10, 0)
+        assert writer.fencing_token > reader.fencing_token
+
+    def test_clear_stale_takes_expired_shares(self, backend, name):
+        backend.acquire(name, 0.3, 0, SHARED)
+        live = backend.acquire(name + ":live", 30, 0, SHARED)
+        fence = live.fencing_token
+        time.sleep(0.6)
+        assert backend.clear_stale() >= 1
+        assert backend.is_held(live)
+        assert [h.token for h in backend.holders(name + ":live")] == [live.token]
+        assert backend.release(live)
+        writer = backend.acquire(name + ":live", 10, 0)
+        assert writer.fencing_token > fence
+
+
+# -- semaphores ---------------------------------------------------------------
+
+
+def _queued_count(backend, count):
+    return lambda: _rows(backend, kind="queued").count() == count
+
+
+class TestPermits:
+    def test_at_most_limit_permits(self, backend, name):
+        three = permit(3)
+        held = [backend.acquire(name, 10, 0, three) for _ in range(3)]
+        assert all(p is not None and p.kind == three for p in held)
+        assert len({p.fencing_token for p in held}) == 3
+        assert backend.acquire(name, 10, 0, three) is None
+        assert backend.release(held[0])
+        again = backend.acquire(name, 10, 0, three)
+        assert again.fencing_token > max(p.fencing_token for p in held)
+        for p in (*held[1:], again):
+            assert backend.release(p)
+
+    def test_apart_from_locks(self, backend, name):
+        one = permit(1)
+        sem = backend.acquire(name, 10, 0, one)
+        exclusive = backend.acquire(name, 10, 0)
+        assert sem is not None and exclusive is not None
+        assert backend.acquire(name, 10, 0, SHARED) is None
+        assert backend.release(exclusive)
+        shared = backend.acquire(name, 10, 0, SHARED)
+        assert shared is not None
+        assert backend.acquire(name, 10, 0, one) is None
+        assert not backend.force_release(name, sem.token)  # not a lock's token
+        assert backend.is_held(sem)
+        assert backend.release(sem) and backend.release(shared)
+
+    def test_limit_mismatch(self, backend, name):
+        held = backend.acquire(name, 0.5, 0, permit(2))
+        with pytest.raises(ValueError, match="Semaphore") as info:
+            backend.acquire(name, 10, 0, permit(3))
+        assert repr(name) in str(info.value)
+        with pytest.raises(ValueError):
+            backend.acquire(name, 10, 0, permit(0))
+        time.sleep(0.7)  # the permit of the other limit expired
+        assert not backend.is_held(held)
+        assert backend.acquire(name, 10, 0, permit(3)) is not None
+
+    def test_dead_holders_permit_expires(self, backend, name):
+        backend.acquire(name, 0.5, 0, permit(1))
+        assert backend.acquire(name, 10, 0, permit(1)) is None
+        started = time.monotonic()
+        second = backend.acquire(name, 10, 10, permit(1))
+        assert second is not None
+        assert time.monotonic() - started < 6
+        assert backend.release(second)
+
+    def test_fifo(self, backend, name):
+        one = permit(1)
+        first = backend.acquire(name, 10, 0, one)
+        order = []
+
+        def wait(label):
+            lease = backend.acquire(name, 10, 30, one)
+            order.append(label)
+            time.sleep(0.05)
+            backend.release(lease)
+
+        threads = []
+        for label in "abc":
+            t = threading.Thread(target=wait, args=(label,))
+            t.start()
+            threads.append(t)
+            _wait_for(_queued_count(backend, len(threads)))
+        assert backend.release(first)
+        for t in threads:
+            t.join(30)
+        assert order == ["a", "b", "c"]
+        assert not _rows(backend, kind="queued").exists()
+
+    def test_timed_out_waiter_leaves_the_queue(self, backend, name):
+        one = permit(1)
+        first = backend.acquire(name, 10, 0, one)
+        assert backend.acquire(name, 10, 0.2, one) is None
+        assert not _rows(backend, kind="queued").exists()
+        backend.release(first)
+        assert backend.acquire(name, 10, 0, one) is not None
+
+    def test_extend_and_force_release_one_permit(self, backend, name):
+        two = permit(2)
+        a = backend.acquire(name, 1, 0, two)
+        b = backend.acquire(name, 1, 0, two)
+        assert backend.extend(a, 30)
+        assert backend.force_release_many([(name, b.token, two)]) == [True]
+        assert not backend.is_held(b) and backend.is_held(a)
+        time.sleep(1.2)
+        assert backend.is_held(a)
+        c = backend.acquire(name, 10, 0, two)
+        assert c is not None
+        assert backend.acquire(name, 10, 0, two) is None
+        assert backend.renew([a, c]) == [True, True]
+        assert backend.release(a) and backend.release(c)
+
+
+# -- leases nobody holds ------------------------------------------------------
+
+
+def test_lost_replies_and_cancelled_tasks_give_shares_back(backend, name):
+    # What a lost reply's canceller and a cancelled task's undo do: drop
+    # whatever the attempt's token holds (here a shared lease, a permit).
+    shared = backend.acquire(name, 30, 0, SHARED)
+    backend._cancel_in_doubt(shared.state, shared.token, 30)
+    _wait_for(lambda: not backend.is_held(shared), 10)
+    held = backend.acquire(name, 30, 0, permit(1))
+    backend._give_back(held.state, held.token)
+    assert not backend.is_held(held)
+    assert backend.acquire(name, 10, 0) is not None  # the lock is free
+    assert backend.acquire(name, 10, 0, permit(1)) is not None
+
+
+def test_an_equal_exclusive_kind_takes_the_exclusive_path(backend, name):
+    from django_distlock.backends.kinds import Kind
+
+    lease = backend.acquire(name, 10, 0, Kind("exclusive"))
+    assert lease is not None and lease.kind.exclusive
+    assert backend.acquire(name, 10, 0) is None
+    assert [h.kind for h in backend.holders(name)] == [EXCLUSIVE]
+    assert backend.release(lease)
+
+
+# -- listing ------------------------------------------------------------------
+
+
+def test_listing_kinds(backend, name):
+    shared = [backend.acquire(name + ":r", 30, 0, SHARED) for _ in range(2)]
+    sem = [backend.acquire(name + ":s", 30, 0, permit(3)) for _ in range(2)]
+    backend.extend(sem[1], 10)
+    writer = backend.acquire(name + ":w", 30, 0)
+    listed = {h.token: h for h in backend.holders(name)}
+    assert set(listed) == {x.token for x in (*shared, *sem, writer)}
+    for lease in shared:
+        holder = listed[lease.token]
+        assert holder.kind == SHARED and holder.name == name + ":r"
+        assert holder.fencing_token == lease.fencing_token
+        assert holder.pid == os.getpid()
+    for lease in sem:
+        holder = listed[lease.token]
+        assert holder.kind == permit(3) and holder.name == name + ":s"
+        assert holder.as_dict()["limit"] == 3
+    assert listed[writer.token].kind == EXCLUSIVE
+    assert backend.holder_of(name + ":s", permit(3)).token == sem[1].token
+    assert backend.holder_of(name + ":r", SHARED) is None
+    assert backend.holder_of(name + ":r").kind == SHARED
+    assert backend.holder_of(name + ":w", SHARED).token == writer.token
+    assert backend.holder_of(name + ":w", permit(3)) is None
+    assert [h.name for h in backend.holders(name + ":s")] == [name + ":s"] * 2
+
+
+# -- asyncio ------------------------------------------------------------------
+
+
+def test_async_twins(backend, name):
+    async def scenario():
+        a = await backend.aacquire(name, 10, 0, SHARED)
+        b = await backend.aacquire(name, 10, 0, SHARED)
+        assert a is not None and b is not None
+        assert await backend.aacquire(name, 10, 0) is None
+        assert await backend.aextend(a, 20)
+        assert await backend.ais_held(b)
+        assert await backend.arenew([a, b]) == [True, True]
+        assert await backend.aholder_of(name) is not None
+        assert await backend.arelease(b)
+        waiter = asyncio.ensure_future(backend.aacquire(name, 10, 10))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        assert await backend.arelease(a)
+        writer = await waiter
+        assert writer is not None and writer.fencing_token >= a.fencing_token
+        assert await backend.arelease(writer)
+        one = permit(1)
+        p = await backend.aacquire(name, 10, 0, one)
+        assert await backend.aacquire(name, 10, 0, one) is None
+        with pytest.raises(ValueError):
+            await backend.aacquire(name, 10, 0, permit(2))
+        queued = asyncio.ensure_future(backend.aacquire(name, 10, 10, one))
+        await asyncio.sleep(0.2)
+        assert await backend.arelease(p)
+        q = await queued
+        assert q is not None and q.kind == one
+        assert await backend.arelease(q)
+
+    asyncio.run(scenario())
+
+
+def test_async_cancelled_waiter_gives_back(backend, name):
+    async def scenario():
+        one = permit(1)
+        p = await backend.aacquire(name, 10, 0, one)
+        waiter = asyncio.ensure_future(backend.aacquire(name, 10, 10, one))
+        await asyncio.sleep(0.3)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await backend.arelease(p)
+
+    asyncio.run(scenario())
+    # Whatever the cancelled waiter obtained was given back.
+    _wait_for(lambda: backend.acquire(name, 10, 0, permit(1)) is not None, 10)
+
+
+# -- processes ----------------------------------------------------------------
+
+
+def _max_overlap(intervals) -> int:
+    starts = [(start, 1) for start, *_ in intervals]
+    events = sorted(starts + [(end, -1) for _, end, *_ in intervals])
+    inside = most = 0
+    for _, step in events:
+        inside += step
+        most = max(most, inside)
+    return most
+
+
+class TestProcesses:
+    def test_readers_overlap_writers_alone(self, backend, name, tmp_path):
+        modes = ["exclusive"] * 2 + ["shared"] * 6
+        results = run_in_processes(
+            kinds_workers.kind_worker,
+            [(name, mode, None, 6, 0.05, str(tmp_path), 8) for mode in modes],
+            timeout=180,
+        )
+        intervals = [iv for r in results for iv in r]
+        assert len(intervals) == 48
+        writers = [iv for iv in intervals if iv[3] == "exclusive"]
+        readers = [iv for iv in intervals if iv[3] == "shared"]
+        for w in writers:
+            for other in intervals:
+                if other is w:
+                    continue
+                assert other[1] <= w[0] or other[0] >= w[1], (w, other)
+        assert _max_overlap(readers) >= 2  # readers were in together
+
+    def test_semaphore_of_three(self, backend, name, tmp_path):
+        results = run_in_processes(
+            kinds_workers.kind_worker,
+            [(name, "permit", 3, 5, 0.05, str(tmp_path), 8) for _ in range(8)],
+            timeout=180,
+        )
+        intervals = [iv for r in results for iv in r]
+        assert len(intervals) == 40
+        assert 2 <= _max_overlap(intervals) <= 3
+
+    def test_killed_holders_permit_comes_back(self, backend, name, tmp_path):
+        ready = tmp_path / "ready"
+        proc = start_process(
+            kinds_workers.hold_permit_forever, name, 1, 3.0, str(ready)
+        )
+        try:
+            _wait_for(ready.exists, 60)
+            assert backend.acquire(name, 10, 0, permit(1)) is None
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+            killed = time.monotonic()
+            lease = backend.acquire(name, 10, 30, permit(1))
+            assert lease is not None and lease.token != ready.read_text()
+            assert time.monotonic() - killed < 10
+        finally:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+
+    def test_killed_writer_waiter_does_not_block_readers(self, backend, name, tmp_path):
+        reader = backend.acquire(name, 60, 0, SHARED)
+        ready = tmp_path / "ready"
+        proc = start_process(kinds_workers.wait_exclusive, name, str(ready))
+        try:
+            _wait_for(lambda: _rows(backend, kind="writer").exists(), 60)
+            assert backend.acquire(name, 10, 0, SHARED) is None
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+            second = backend.acquire(name, 10, 10, SHARED)
+            assert second is not None
+            assert backend.release(second)
+        finally:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+        assert backend.release(reader)
+
+
+# -- before migration 0003 ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        pytest.param(
+            "postgres",
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.django_db(
+                    transaction=True, databases=["default", "postgres"]
+                ),
+            ],
+        ),
+        pytest.param(
+            "mysql",
+            marks=[
+                pytest.mark.mysql,
+                pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
+            ],
+        ),
+    ],
+)
+def test_exclusive_locks_before_the_share_table(request, alias, name):
+    # A project that upgraded but has not run migrate yet: exclusive locks,
+    # their listing and clear_stale go on working.
+    from django.core.management import call_command
+
+    request.getfixturevalue(f"{alias}_available")
+    setting = {"default": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": alias}}}
+    call_command("migrate", "django_distlock", "0002", database=alias, verbosity=0)
+    try:
+        with override_settings(LOCKS=setting):
+            backend = locks["default"]
+            held = backend.acquire(name, 10, 0)
+            assert [h.token for h in backend.holders(name)] == [held.token]
+            assert backend.clear_stale() == 0
+            assert backend.release(held)
+    finally:
+        locks.reset()
+        call_command("migrate", "django_distlock", database=alias, verbosity=0)
