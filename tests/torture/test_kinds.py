@@ -292,6 +292,8 @@ def kinds_backends(*kinds: str) -> list:
 @pytest.fixture
 def kinds_env(request, kind):
     """Start the backend of ``kind`` (ZooKeeper too); LOCKS point at it."""
+    if kind == "postgres":
+        request.getfixturevalue("postgres_available")
     environment = zookeeper_env() if kind == "zookeeper" else make_env(kind)
     try:
         with override_settings(LOCKS=environment.locks):
@@ -322,6 +324,29 @@ def kill(env: Env) -> None:
     time.sleep(0.5)
     for server in victims:
         server.start()
+
+
+def terminate_backends(env: Env, seconds: float = 2.0) -> int:
+    """``pg_terminate_backend`` the lock connections, then every other
+    connection of the test database, in turn every 0.25 s for ``seconds``
+    (as ``test_databases`` does: the PostgreSQL server is shared, so it is
+    never paused or killed). Return how many backends were terminated."""
+    from django.db import connections
+
+    terminated = 0
+    only_locks = True
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connections[env.record_db].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                + (" AND application_name = 'django_distlock'" if only_locks else "")
+            )
+            terminated += len(cursor.fetchall())
+        only_locks = not only_locks
+        time.sleep(0.25)
+    return terminated
 
 
 FAULTS = {
@@ -382,6 +407,35 @@ def test_semaphore(kinds_env, kind, fault, tmp_path):
     with run.fault():
         inject(kinds_env)
     run.finish(recovery=1.0)
+
+
+@pytest.mark.parametrize("limit", [None, LIMIT], ids=["rw", "semaphore"])
+@pytest.mark.parametrize("kind", kinds_backends("postgres"))
+def test_postgres_backends_terminated(kinds_env, kind, limit, tmp_path):
+    """Readers and writers, or a limit-3 semaphore, on the database backend
+    (PostgreSQL) while its connections are terminated under load.
+
+    A holder whose connection died must find out (LockLost, an error at
+    release), never hang; the oracle is the same as above.
+    """
+    what = "readers+writers" if limit is None else f"semaphore of {limit}"
+    run = KindsRun(
+        f"{what}, pg_terminate_backend under load",
+        kinds_env,
+        tmp_path,
+        workers=4 if limit is None else 5,
+        names=["torture:rw" if limit is None else "torture:sem"],
+        limit=limit,
+        ttl=TTL,
+        hold=0.02,
+        pause=0.005,
+    ).start()
+    run.load(0.5)
+    with run.fault():
+        terminated = terminate_backends(kinds_env)
+    # The count goes into the report through finish(after=...).
+    run.finish(recovery=1.0, after=lambda: f"{terminated} backends terminated")
+    assert terminated > 0
 
 
 # -- the oracle itself (no servers) ---------------------------------------------------
