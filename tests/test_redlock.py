@@ -679,6 +679,14 @@ def _wait_lines(path: Path, count: int, timeout: float = 60) -> None:
     raise AssertionError(f"workers made no progress: {path.read_text()!r}")
 
 
+def _wait_pids(path: Path, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while len({pid for pid, *_ in _lines(path)}) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {count} workers took the lock")
+        time.sleep(0.05)
+
+
 def test_mutual_exclusion_across_processes_while_two_nodes_die(nodes, tmp_path):
     log_path = tmp_path / "log"
     counter = tmp_path / "counter"
@@ -692,6 +700,9 @@ def test_mutual_exclusion_across_processes_while_two_nodes_die(nodes, tmp_path):
         ]
         try:
             _wait_lines(log_path, 30)
+            # Spawning and setting Django up is slow on a loaded machine: the
+            # first worker may take many turns before the others arrive.
+            _wait_pids(log_path, 2)
             nodes[1].kill()
             nodes[3].kill()
             before = len(_lines(log_path))
