@@ -70,7 +70,9 @@ def lock_for(
 
     ``lock_for(instance)`` or ``lock_for(Model, pk=42)``; the name is
     ``"<app_label>.<model_name>:<pk>"`` (a proxy model names its concrete
-    model). An unsaved instance is a ValueError.
+    model). An unsaved instance is a ValueError. ``shared=True`` takes a
+    shared lease of the row, as with :func:`lock` (readers of the row side by
+    side; a shared holder cannot make fenced writes).
 
     ``release="on_commit"`` keeps the lock, when the ``with`` block is left
     inside ``transaction.atomic()``, until that transaction ends: released

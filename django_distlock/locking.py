@@ -12,7 +12,15 @@ from inspect import iscoroutinefunction
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from .backends.base import BaseLockBackend, Holder, Lease, running_task
+from .backends.base import (
+    EXCLUSIVE,
+    SHARED,
+    BaseLockBackend,
+    Holder,
+    Kind,
+    Lease,
+    running_task,
+)
 from .exceptions import (
     InvalidLockBackendError,
     LockBackendError,
@@ -75,7 +83,11 @@ class Lock(ContextDecorator):
 
     A handle holds at most one lease at a time, except on a reentrant
     backend, where nested acquisitions stack and are released in turn.
+    ``shared=True`` takes a shared lease (see :func:`lock`).
     """
+
+    #: What the handle acquires; a subclass (Semaphore) asks for permits.
+    kind: Kind = EXCLUSIVE
 
     def __init__(
         self,
@@ -87,6 +99,7 @@ class Lock(ContextDecorator):
         auto_renew: bool | None = None,
         on_lost: str = "raise",
         max_hold: float | None = DEFAULT,
+        shared: bool = False,
     ):
         if not isinstance(name, str):
             raise TypeError(
@@ -111,6 +124,12 @@ class Lock(ContextDecorator):
             if problems:
                 error, text = problems[0]
                 raise error(f"Lock {name!r}: {text}.")
+        if shared is not False:
+            if shared is not True:
+                raise TypeError(
+                    f"Lock {name!r}: shared must be a bool, not {shared!r}."
+                )
+            self.kind = SHARED
         self.name = name
         self.using = using
         self._ttl = ttl
@@ -124,7 +143,8 @@ class Lock(ContextDecorator):
 
     def __repr__(self) -> str:
         state = "held" if self._leases else "unheld"
-        return f"<Lock {self.name!r} using={self.using!r} {state}>"
+        shared = " shared" if self.kind is SHARED else ""
+        return f"<Lock {self.name!r} using={self.using!r}{shared} {state}>"
 
     # -- resolved options -------------------------------------------------
 
@@ -217,8 +237,14 @@ class Lock(ContextDecorator):
         backend = self.backend
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
+        kind = self.kind
         try:
-            lease = backend.acquire(self.name, self.ttl, wait)
+            if kind is EXCLUSIVE:
+                lease = backend.acquire(self.name, self.ttl, wait)
+            else:
+                lease = backend.acquire(
+                    self.name, self.ttl, wait, self._kind_of(backend)
+                )
         except LockBackendError as e:
             self._failed(backend, started, e)
             missing_table(backend, e)
@@ -263,7 +289,10 @@ class Lock(ContextDecorator):
     def __enter__(self) -> Lock:
         if not self.acquire():
             try:
-                holder = self.backend.holder_of(self.name)
+                if self.kind is EXCLUSIVE:
+                    holder = self.backend.holder_of(self.name)
+                else:
+                    holder = self.backend.holder_of(self.name, self.kind)
             except Exception:
                 holder = self._holder_unknown()
             raise self._not_acquired(holder)
@@ -295,8 +324,13 @@ class Lock(ContextDecorator):
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
+        kind = self.kind
         try:
-            lease = await backend.aacquire(self.name, ttl, wait)
+            if kind is EXCLUSIVE:
+                lease = await backend.aacquire(self.name, ttl, wait)
+            else:
+                kind = self._kind_of(backend)
+                lease = await backend.aacquire(self.name, ttl, wait, kind)
         except LockBackendError as e:
             self._failed(backend, started, e)
             await amissing_table(backend, e)
@@ -339,15 +373,23 @@ class Lock(ContextDecorator):
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
+        kind = self.kind
         try:
-            lease = await backend.aacquire(self.name, ttl, wait)
+            if kind is EXCLUSIVE:
+                lease = await backend.aacquire(self.name, ttl, wait)
+            else:
+                kind = self._kind_of(backend)
+                lease = await backend.aacquire(self.name, ttl, wait, kind)
         except LockBackendError as e:
             self._failed(backend, started, e)
             await amissing_table(backend, e)
             raise
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
             try:
-                holder = await backend.aholder_of(self.name)
+                if kind is EXCLUSIVE:
+                    holder = await backend.aholder_of(self.name)
+                else:
+                    holder = await backend.aholder_of(self.name, kind)
             except Exception:
                 holder = self._holder_unknown()
             raise self._not_acquired(holder)
@@ -395,7 +437,7 @@ class Lock(ContextDecorator):
         return Lock(self.name, **self._options())
 
     def _options(self) -> dict[str, Any]:
-        return {
+        options = {
             "using": self.using,
             "ttl": self._ttl,
             "timeout": self._timeout,
@@ -403,6 +445,22 @@ class Lock(ContextDecorator):
             "on_lost": self.on_lost,
             "max_hold": self._max_hold,
         }
+        if self.kind is SHARED:
+            options["shared"] = True
+        return options
+
+    def _kind_of(self, backend: BaseLockBackend) -> Kind:
+        """Return the handle's kind if ``backend`` offers it, before any call."""
+        kind = self.kind
+        if kind.mode not in backend.kinds:
+            what = "shared locks" if kind is SHARED else "semaphores"
+            noun = "Semaphore" if kind.mode == "permit" else "Lock"
+            raise InvalidLockBackendError(
+                f"{noun} {self.name!r}: LOCKS[{backend.alias!r}] uses "
+                f"{type(backend).__name__}, which does not offer {what} "
+                f"(it offers: {', '.join(sorted(backend.kinds))})."
+            )
+        return kind
 
     def __call__(self, func):
         if iscoroutinefunction(func):
@@ -431,6 +489,7 @@ class Lock(ContextDecorator):
                     lease=None,
                     wait=waited,
                     timeout=wait,
+                    kind=self.kind.mode,
                 )
             return False
         renew = self._auto_renew
@@ -460,6 +519,7 @@ class Lock(ContextDecorator):
                 name=self.name,
                 lease=lease,
                 wait=waited,
+                kind=lease.kind.mode,
             )
         return True
 
@@ -472,6 +532,7 @@ class Lock(ContextDecorator):
                 lease=None,
                 wait=time.monotonic() - started,
                 error=exc,
+                kind=self.kind.mode,
             )
 
     def _no_such_alias(self) -> None:
@@ -565,6 +626,7 @@ class Lock(ContextDecorator):
                 name=self.name,
                 lease=lease,
                 held=time.time() - lease.acquired_at,
+                kind=lease.kind.mode,
             )
 
     def _lost(self, backend, lease, reason: str) -> None:
@@ -583,6 +645,7 @@ def lock(
     auto_renew: bool | None = None,
     on_lost: str = "raise",
     max_hold: float | None = DEFAULT,
+    shared: bool = False,
 ) -> Lock:
     """Return a :class:`Lock` handle for ``name`` on the ``using`` alias.
 
@@ -601,6 +664,13 @@ def lock(
     that many seconds after acquisition and the lease runs out (within one
     ``ttl``), which is reported as a loss. It defaults to the alias's
     ``MAX_HOLD``; None means no bound.
+
+    ``shared=True`` takes a shared (read) lease: shared holders of a name
+    coexist and exclude exclusive holders, which exclude everyone; once an
+    exclusive request waits, new shared requests wait behind it. A backend
+    that does not offer shared locks raises InvalidLockBackendError (an
+    ImproperlyConfigured) before any round trip. A shared holder cannot make
+    fenced writes.
     """
     return Lock(
         name,
@@ -610,4 +680,5 @@ def lock(
         auto_renew=auto_renew,
         on_lost=on_lost,
         max_hold=max_hold,
+        shared=shared,
     )
