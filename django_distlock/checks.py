@@ -39,6 +39,10 @@ distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=``,
 distlock.E024  ``MAX_HOLD`` is not None or a positive number.
 distlock.E025  ``OPTIONS["CACHE"]`` with connection options of the lock's own beside
                it (``backends/redis/checks.py``).
+distlock.E026  A ``distributed_lock`` view has both ``shared=`` and ``limit=``,
+               or a ``limit=`` that is not an int >= 1 (``decorators.py``).
+distlock.E027  A ``distributed_lock`` view asks for a kind (shared, semaphore)
+               its alias's backend does not offer (``decorators.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.

@@ -18,7 +18,14 @@ ImproperlyConfigured), ``distlock.E021`` when ``DISTLOCK_LOCKED_VIEW`` cannot
 be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
 ``distlock.E023`` when ``ttl=``, ``timeout=``, ``auto_renew=`` or ``max_hold=``
 is invalid
-(those two also fail the request, should it come).
+(those two also fail the request, should it come), ``distlock.E026`` when
+``shared=`` and ``limit=`` are both given or ``limit=`` is not an int >= 1, and
+``distlock.E027`` when the alias's backend does not offer shared locks or
+semaphores (both fail the request too).
+
+``shared=True`` runs the view under a shared lease; ``limit=N`` under one of
+``N`` permits of a semaphore, and a full semaphore answers ``429 Too Many
+Requests`` (with ``Retry-After``) instead of ``423 Locked``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from .handler import DEFAULT_LOCK_ALIAS
 from .instances import RELEASE_ON_COMMIT, RELEASE_ON_EXIT, OnCommitLock
 from .locking import DEFAULT, Lock
 from .options import option_problems
+from .semaphores import Semaphore
 
 __all__ = [
     "RETRY_AFTER_LOCKED",
@@ -70,6 +78,8 @@ LockedHandler = Callable[[HttpRequest, Exception], HttpResponse]
 def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Answer a request whose lock could not be taken: 423, or 503 if down.
 
+    A semaphore whose permits were all held answers 429 Too Many Requests.
+
     This is the default of the ``DISTLOCK_LOCKED_VIEW`` setting.
     """
     if isinstance(exception, LockBackendError):
@@ -79,6 +89,13 @@ def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
         )
         response["Retry-After"] = str(RETRY_AFTER_UNAVAILABLE)
+    elif getattr(getattr(exception, "kind", None), "mode", None) == "permit":
+        response = HttpResponse(
+            "Too many requests are using this resource; try again shortly.\n",
+            status=429,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(retry_after(exception))
     else:
         response = HttpResponse(
             "This resource is locked by another request; try again shortly.\n",
@@ -186,6 +203,8 @@ def distributed_lock(
     on_locked: LockedHandler | None = None,
     release: str = RELEASE_ON_COMMIT,
     database: str = DEFAULT_DB_ALIAS,
+    shared: bool = False,
+    limit: int | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate a view so that it runs while holding a lock.
 
@@ -231,6 +250,14 @@ def distributed_lock(
     is held around the coroutine it returns). The lock
     is released when the view returns: a streaming response's body is
     produced after that.
+
+    ``shared=True`` holds a shared lease of the name while the view runs
+    (views that only read side by side, excluding an exclusive writer);
+    ``limit=N`` holds one of ``N`` permits of the semaphore of that name
+    (at most N requests in the view at once; when all are taken the answer
+    is ``429 Too Many Requests`` with ``Retry-After`` from the permit that
+    expires first). The two are mutually exclusive. A permit is released
+    when the view returns, whatever ``release`` says.
     """
 
     if release not in (RELEASE_ON_COMMIT, RELEASE_ON_EXIT):
@@ -252,15 +279,18 @@ def distributed_lock(
             max_hold=None if max_hold is DEFAULT else max_hold,
         )
     ]
+    kind_problems = _kind_problems(shared, limit)
+    mode = "permit" if limit is not None else "shared" if shared is True else None
     described = _describe(template_or_callable)
 
     def decorator(view_func: Callable) -> Callable:
         name_of = _namer(template_or_callable, view_func)
 
         def make_lock(request, args, kwargs, asynchronous: bool = False) -> Lock:
-            if problems:
+            if problems or kind_problems:
                 raise ImproperlyConfigured(
-                    f"{described} on view {_view_name(view_func)}: {problems[0]}."
+                    f"{described} on view {_view_name(view_func)}: "
+                    f"{(problems or kind_problems)[0]}."
                 )
             name = name_of(request, args, kwargs)
             options = {
@@ -270,6 +300,10 @@ def distributed_lock(
                 "auto_renew": auto_renew,
                 "max_hold": max_hold,
             }
+            if mode == "permit":
+                return Semaphore(name, limit, **options)
+            if mode == "shared":
+                options["shared"] = True
             if release == RELEASE_ON_COMMIT and not asynchronous:
                 return OnCommitLock(name, database=database, **options)
             return Lock(name, **options)
@@ -329,7 +363,7 @@ def distributed_lock(
                 return response
 
         wrapper = wraps(view_func)(_view_wrapper)
-        # For the URL checks (distlock.E020, E022, E023). wraps() copied
+        # For the URL checks (distlock.E020, E022, E023, E026, E027). wraps() copied
         # those of a decorator below this one; keep them too.
         wrapper.distributed_lock_placeholders = tuple(
             dict.fromkeys(
@@ -343,7 +377,15 @@ def distributed_lock(
         )
         wrapper.distributed_lock_options = getattr(
             wrapper, "distributed_lock_options", ()
-        ) + ((described, using if isinstance(using, str) else None, tuple(problems)),)
+        ) + (
+            (
+                described,
+                using if isinstance(using, str) else None,
+                tuple(problems),
+                tuple(kind_problems),
+                mode,
+            ),
+        )
         return wrapper
 
     return decorator
@@ -355,7 +397,8 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
 
     ``<name>`` placeholders that no URL pattern of the view provides
     (distlock.E020), an unknown ``using=`` alias (E022), a bad ``ttl=``,
-    ``timeout=``, ``auto_renew=`` or ``max_hold=`` (E023).
+    ``timeout=``, ``auto_renew=`` or ``max_hold=`` (E023), bad ``shared=`` /
+    ``limit=`` (E026), a kind the alias's backend does not offer (E027).
     """
     from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -371,7 +414,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 found += getattr(method, "distributed_lock_placeholders", ())
         return list(dict.fromkeys(found))
 
-    def options(callback) -> list[tuple[str, Any, tuple[str, ...]]]:
+    def options(callback) -> list[tuple]:
         found = list(getattr(callback, "distributed_lock_options", ()))
         view_class = getattr(callback, "view_class", None)
         if view_class is not None:
@@ -384,7 +427,7 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
 
     def check_options(entry) -> None:
         view = entry.lookup_str
-        for described, using, problems in options(entry.callback):
+        for described, using, problems, kind_problems, mode in options(entry.callback):
             messages = [
                 Error(
                     f"{described} on view {view}: {text}.",
@@ -395,6 +438,29 @@ def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
                 )
                 for text in problems
             ]
+            messages += [
+                Error(
+                    f"{described} on view {view}: {text}.",
+                    hint="Pass shared=True for a shared lock, or limit=N (an int "
+                    ">= 1) for a semaphore, not both.",
+                    obj=view,
+                    id="distlock.E026",
+                )
+                for text in kind_problems
+            ]
+            offered = _offered_kinds(using) if mode is not None else None
+            if offered is not None and mode not in offered:
+                what = "shared locks" if mode == "shared" else "semaphores"
+                messages.append(
+                    Error(
+                        f"{described} on view {view}: LOCKS[{using!r}] does not "
+                        f"offer {what} (it offers: {', '.join(sorted(offered))}).",
+                        hint="Use an alias whose backend offers them (see "
+                        "docs/shared-locks.md and docs/semaphores.md).",
+                        obj=view,
+                        id="distlock.E027",
+                    )
+                )
             # A missing "default" is distlock.E002's, a malformed LOCKS E001's.
             if (
                 configured is not None
@@ -466,6 +532,31 @@ def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _kind_problems(shared: Any, limit: Any) -> list[str]:
+    """Return what is wrong with ``shared=`` and ``limit=`` (distlock.E026)."""
+    if shared is not True and shared is not False:
+        return [f"shared must be a bool, not {shared!r}"]
+    if limit is None:
+        return []
+    if shared:
+        return ["shared=True and limit= are mutually exclusive"]
+    if type(limit) is not int or limit < 1:
+        return [f"limit must be an int >= 1, not {limit!r}"]
+    return []
+
+
+def _offered_kinds(using: Any) -> frozenset[str] | None:
+    """Return the kinds the backend of ``using`` offers, or None if unknown."""
+    from .handler import locks
+
+    if not isinstance(using, str):
+        return None
+    try:
+        return frozenset(locks[using].kinds)
+    except Exception:  # no such alias, or it cannot load: other checks say so
+        return None
 
 
 def _configured_aliases() -> set[str] | None:

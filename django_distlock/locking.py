@@ -581,9 +581,11 @@ class Lock(ContextDecorator):
                 "django_distlock.backends.redis.ReentrantRedisLockBackend for "
                 "locks that their holder takes again."
             )
-        return LockNotAcquired(
+        exc = LockNotAcquired(
             message, name=self.name, holder=holder, expires_in=expires_in
         )
+        exc.kind = self.kind  # what was asked for: 423 or 429 in a view
+        return exc
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:

@@ -77,9 +77,11 @@ class Semaphore(Lock):
             if expires is not None:
                 expires_in = max(0.0, expires - time.time())
                 message += f", its lease expiring in {expires_in:.1f} s"
-        return LockNotAcquired(
+        exc = LockNotAcquired(
             message + ".", name=self.name, holder=holder, expires_in=expires_in
         )
+        exc.kind = self.kind
+        return exc
 
 
 def semaphore(
