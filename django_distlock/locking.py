@@ -674,6 +674,18 @@ def lock(
     ImproperlyConfigured) before any round trip. A shared holder cannot make
     fenced writes.
     """
+    if shared is not False:
+        return Lock(
+            name,
+            using=using,
+            ttl=ttl,
+            timeout=timeout,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            shared=shared,
+        )
+    # Exclusive: the call of before shared locks, argument for argument.
     return Lock(
         name,
         using=using,
@@ -682,5 +694,4 @@ def lock(
         auto_renew=auto_renew,
         on_lost=on_lost,
         max_hold=max_hold,
-        shared=shared,
     )

@@ -148,16 +148,28 @@ class LocMemLockBackend(BaseLockBackend):
         return []
 
     def acquire(self, name, ttl, timeout, kind=EXCLUSIVE):
-        if kind.mode != "exclusive":
+        if kind is not EXCLUSIVE and kind.mode != "exclusive":
             if kind.mode == "shared":
                 return self._acquire_shared(name, ttl, timeout)
             return self._acquire_permit(name, ttl, timeout, kind)
         table = self._table
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
         host, pid, thread = holder_identity()
         token = new_token()
-        queued = False
         with table.cond:
+            # The free lock first, outside the waiting loop's bookkeeping.
+            now = time.monotonic()
+            if table.live(name, now) is None and not (
+                table.readers and table.live_readers(name, now)
+            ):
+                fence = table.next_fence()
+                table.entries[name] = _Entry(
+                    token, fence, now + ttl, host, pid, thread, time.time()
+                )
+                return Lease(self.alias, name, token, fence, ttl, now + ttl)
+            if timeout == 0:
+                return None
+            deadline = math.inf if timeout is None else now + timeout
+            queued = False
             try:
                 while True:
                     now = time.monotonic()
@@ -300,7 +312,15 @@ class LocMemLockBackend(BaseLockBackend):
         table.cond.notify_all()
 
     def release(self, lease):
-        with self._table.cond:
+        table = self._table
+        with table.cond:
+            if lease.kind is EXCLUSIVE:  # the common case, inline
+                entry = table.live(lease.name, time.monotonic())
+                if entry is None or entry.token != lease.token:
+                    return False
+                del table.entries[lease.name]
+                table.cond.notify_all()
+                return True
             if self._mine(lease) is None:
                 return False
             self._remove(lease.name, lease.token, lease.kind.mode)
