@@ -52,6 +52,29 @@ class ExclusiveOnlyBackend(LocMemLockBackend):
         return super().acquire(name, ttl, timeout)
 
 
+class RecordingBackend(LocMemLockBackend):
+    """locmem, recording the arguments the handle passes."""
+
+    kinds = LocMemLockBackend.kinds
+    calls: list = []
+
+    def acquire(self, *args):
+        self.calls.append(("acquire", args[3:]))
+        return super().acquire(*args)
+
+    async def aacquire(self, *args):
+        self.calls.append(("aacquire", args[3:]))
+        return await super().aacquire(*args)
+
+    def holder_of(self, *args):
+        self.calls.append(("holder_of", args[1:]))
+        return super().holder_of(*args)
+
+    async def aholder_of(self, *args):
+        self.calls.append(("aholder_of", args[1:]))
+        return await super().aholder_of(*args)
+
+
 @pytest.fixture(autouse=True)
 def kinds_locks(request):
     """LOCKS on a fresh locmem table, plus "plain" offering exclusive only."""
@@ -60,6 +83,10 @@ def kinds_locks(request):
         "plain": {
             "BACKEND": f"{__name__}.ExclusiveOnlyBackend",
             "LOCATION": f"plain-{request.node.nodeid}",
+        },
+        "recording": {
+            "BACKEND": f"{__name__}.RecordingBackend",
+            "LOCATION": f"recording-{request.node.nodeid}",
         },
     }
     with override_settings(LOCKS=setting):
@@ -172,6 +199,51 @@ def test_kinds_are_refused_before_any_round_trip_where_not_offered():
             pass
     with lock("x", using="plain", timeout=0):  # exclusive stays as before
         pass
+
+
+def test_exclusive_acquisitions_pass_no_kind_to_the_backend():
+    calls = RecordingBackend.calls
+    calls.clear()
+    with lock("r", using="recording", timeout=0):
+        with pytest.raises(LockNotAcquired):
+            with lock("r", using="recording", timeout=0):
+                pass
+    assert calls == [("acquire", ()), ("acquire", ()), ("holder_of", ())]
+    calls.clear()
+
+    async def main():
+        async with lock("ar", using="recording", timeout=0):
+            with pytest.raises(LockNotAcquired):
+                async with lock("ar", using="recording", timeout=0):
+                    pass
+            await lock("ar", using="recording").aacquire(timeout=0)
+
+    asyncio.run(main())
+    # (The async twins run the sync methods in turn: only theirs are the
+    # handle's calls.)
+    assert [c for c in calls if c[0] in ("aacquire", "aholder_of")] == [
+        ("aacquire", ()),
+        ("aacquire", ()),
+        ("aholder_of", ()),
+        ("aacquire", ()),
+    ]
+    calls.clear()
+    with lock("r", using="recording", shared=True, timeout=0):
+        with pytest.raises(LockNotAcquired):
+            with lock("r", using="recording", timeout=0):
+                pass
+    with semaphore("r", 1, using="recording", timeout=0):
+        with pytest.raises(LockNotAcquired):
+            with semaphore("r", 1, using="recording", timeout=0):
+                pass
+    assert calls == [
+        ("acquire", (SHARED,)),
+        ("acquire", ()),
+        ("holder_of", ()),
+        ("acquire", (permit(1),)),
+        ("acquire", (permit(1),)),
+        ("holder_of", (permit(1),)),
+    ]
 
 
 def test_shared_must_be_a_bool():
