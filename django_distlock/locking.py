@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
 import time
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from .backends.base import (
     EXCLUSIVE,
@@ -21,6 +19,7 @@ from .backends.base import (
     Lease,
     running_task,
 )
+from .busy import caller, held_by, not_acquired, refuse_kind
 from .exceptions import (
     InvalidLockBackendError,
     LockBackendError,
@@ -62,16 +61,6 @@ class _Default:
 
 #: Stands for "the alias's configured value" (``None`` means "wait forever").
 DEFAULT: Any = _Default()
-
-#: Leases of non-reentrant backends held right now -> (alias, name, thread,
-#: task) of their acquirer. Read only to explain a LockNotAcquired.
-_held_by: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def _caller() -> tuple[int, int]:
-    """Return (thread ident, id of the running asyncio task or 0)."""
-    task = running_task()
-    return threading.get_ident(), id(task) if task is not None else 0
 
 
 class Lock(ContextDecorator):
@@ -453,13 +442,7 @@ class Lock(ContextDecorator):
         """Return the handle's kind if ``backend`` offers it, before any call."""
         kind = self.kind
         if kind.mode not in backend.kinds:
-            what = "shared locks" if kind is SHARED else "semaphores"
-            noun = "Semaphore" if kind.mode == "permit" else "Lock"
-            raise InvalidLockBackendError(
-                f"{noun} {self.name!r}: LOCKS[{backend.alias!r}] uses "
-                f"{type(backend).__name__}, which does not offer {what} "
-                f"(it offers: {', '.join(sorted(backend.kinds))})."
-            )
+            refuse_kind(self.name, kind, backend)
         return kind
 
     def __call__(self, func):
@@ -511,7 +494,7 @@ class Lock(ContextDecorator):
                 canceller = _cancellers[lease] = _Canceller(task)
                 on_loss(lease, canceller)
         if not backend.reentrant:
-            _held_by[lease] = (backend.alias, self.name, *_caller())
+            held_by[lease] = (backend.alias, self.name, *caller())
         if lock_acquired.receivers:  # skip building the call when nobody listens
             lock_acquired.send(
                 sender=type(backend),
@@ -555,37 +538,7 @@ class Lock(ContextDecorator):
 
     def _not_acquired(self, holder: Holder | None) -> LockNotAcquired:
         """Return the LockNotAcquired to raise, naming ``holder`` if known."""
-        message = f"Lock {self.name!r} was not acquired within {self.timeout} s"
-        expires_in = None
-        if holder is None:
-            message += "."
-        else:
-            message += f": it is held by {holder.holder}"
-            acquired = holder.acquired_at
-            if acquired is not None:
-                message += f" since {acquired.isoformat(timespec='seconds')}"
-            expires = holder.expires_ts
-            if expires is not None:
-                expires_in = max(0.0, expires - time.time())
-                message += f", its lease expiring in {expires_in:.1f} s"
-            message += "."
-        key = (self.backend.alias, self.name, *_caller())
-        try:
-            nested = key in list(_held_by.values())
-        except RuntimeError:  # another thread changed it while it was copied
-            nested = False
-        if nested:
-            message += (
-                " This thread (or task) already holds it through another handle, "
-                f"and the {self.using!r} backend does not nest: use "
-                "django_distlock.backends.redis.ReentrantRedisLockBackend for "
-                "locks that their holder takes again."
-            )
-        exc = LockNotAcquired(
-            message, name=self.name, holder=holder, expires_in=expires_in
-        )
-        exc.kind = self.kind  # what was asked for: 423 or 429 in a view
-        return exc
+        return not_acquired(self, holder)
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
@@ -608,7 +561,7 @@ class Lock(ContextDecorator):
         lease.check_owner_process()
         self._leases.pop()
         self._last_lease = lease
-        _held_by.pop(lease, None)
+        held_by.pop(lease, None)
         if self._cancel_on_lost:
             canceller = _cancellers.pop(lease, None)
             if canceller is not None:

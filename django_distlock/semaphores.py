@@ -10,10 +10,10 @@ Semaphore names live apart from lock names: ``semaphore("x", 3)`` and
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from .backends.base import Holder, permit
+from .busy import permits_taken
 from .exceptions import LockNotAcquired
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import DEFAULT, Lock
@@ -63,25 +63,7 @@ class Semaphore(Lock):
 
     def _not_acquired(self, holder: Holder | None) -> LockNotAcquired:
         """Return the LockNotAcquired to raise: all permits are held."""
-        message = (
-            f"Semaphore {self.name!r} was not acquired within {self.timeout} s: "
-            f"all {self.limit} permits are held"
-        )
-        expires_in = None
-        if holder is not None:
-            message += f"; the first to expire is held by {holder.holder}"
-            acquired = holder.acquired_at
-            if acquired is not None:
-                message += f" since {acquired.isoformat(timespec='seconds')}"
-            expires = holder.expires_ts
-            if expires is not None:
-                expires_in = max(0.0, expires - time.time())
-                message += f", its lease expiring in {expires_in:.1f} s"
-        exc = LockNotAcquired(
-            message + ".", name=self.name, holder=holder, expires_in=expires_in
-        )
-        exc.kind = self.kind
-        return exc
+        return permits_taken(self, holder)
 
 
 def semaphore(
