@@ -182,7 +182,9 @@ class OnCommitLock(Lock):
     def __enter__(self) -> OnCommitLock:
         connection = self._connection()
         if connection.in_atomic_block:
-            box = self._pending(connection).pop((self.using, self.name), None)
+            # Keyed by kind too: a pending shared lease is no exclusive one.
+            key = (self.using, self.name, self.kind)
+            box = self._pending(connection).pop(key, None)
             if box is not None and box[0] is not None:
                 handle = box[0]
                 box[0] = None
@@ -201,7 +203,7 @@ class OnCommitLock(Lock):
             return super().__exit__(exc_type, exc, tb)
         holder = Lock(self.name, **self._options())
         holder._leases.append(self._leases.pop())
-        key = (self.using, self.name)
+        key = (self.using, self.name, self.kind)
         pending = self._pending(connection)
         box = [holder, key, pending]
         pending[key] = box

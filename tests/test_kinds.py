@@ -263,6 +263,28 @@ def test_lock_for_shared(db):
         assert not lock_for(product, timeout=0).acquire()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_on_commit_shared_lock_is_adopted_by_shared_only():
+    from django.db import transaction
+
+    from .testapp.models import Product
+
+    product = Product.objects.create(sku="kinds-2", stock=3)
+    options = {"release": "on_commit", "timeout": 0}
+    with transaction.atomic():
+        with lock_for(product, shared=True, **options) as first:
+            lease = first.lease
+        # Kept until the commit; another shared block adopts it...
+        with lock_for(product, shared=True, **options) as again:
+            assert again.lease is lease
+        # ... an exclusive one does not: it is a different acquisition.
+        assert not lock_for(product, **options).acquire()
+        assert locks["default"].is_held(lease)
+    assert not locks["default"].is_held(lease)
+    with lock_for(product, **options):
+        pass
+
+
 @pytest.mark.django_db
 def test_fenced_save_from_a_shared_holder_or_a_permit_is_refused():
     from .testapp.models import Account
