@@ -462,6 +462,27 @@ def test_signals_carry_the_kind():
     ]
 
 
+def test_lock_error_carries_the_kind():
+    from django_distlock.exceptions import LockBackendError
+    from django_distlock.signals import lock_error
+
+    from .surface import down_locks
+
+    seen = []
+
+    def receiver(**kwargs):
+        seen.append(kwargs["kind"])
+
+    lock_error.connect(receiver, dispatch_uid="kinds-error")
+    try:
+        with override_settings(LOCKS=down_locks()):
+            with pytest.raises(LockBackendError):
+                lock("e", timeout=0).acquire()
+    finally:
+        lock_error.disconnect(dispatch_uid="kinds-error")
+    assert seen == ["exclusive"]
+
+
 # -- the locmem backend directly -------------------------------------------------
 
 
