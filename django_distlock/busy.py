@@ -56,9 +56,11 @@ def not_acquired(handle: Lock, holder: Holder | None) -> LockNotAcquired:
         message += f": it is held by {holder.holder}{since}."
     key = (handle.backend.alias, handle.name, *caller())
     try:
-        nested = key in list(held_by.values())
+        held = list(held_by.items())
     except RuntimeError:  # another thread changed it while it was copied
-        nested = False
+        held = []
+    # A permit of the semaphore of the same name is no hold on this lock.
+    nested = any(v == key and lease.kind.mode != "permit" for lease, v in held)
     if nested:
         message += (
             " This thread (or task) already holds it through another handle, "

@@ -332,6 +332,26 @@ def test_semaphores_and_locks_live_apart():
         assert not lock("same", timeout=0).acquire()
 
 
+def test_a_permit_is_no_nested_hold_of_the_lock():
+    def hold_elsewhere(taken, done):
+        with lock("nest", timeout=0):
+            taken.set()
+            done.wait(10)
+
+    taken, done = threading.Event(), threading.Event()
+    thread = in_thread(hold_elsewhere, taken, done)
+    assert taken.wait(10)
+    try:
+        with semaphore("nest", 1, timeout=0):
+            with pytest.raises(LockNotAcquired) as info:
+                with lock("nest", timeout=0):
+                    pass
+        assert "already holds it" not in str(info.value)
+    finally:
+        done.set()
+        thread.join(10)
+
+
 def test_every_holder_passes_the_same_limit():
     with semaphore("lim", 3, timeout=0):
         with pytest.raises(ValueError) as info:
