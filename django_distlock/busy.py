@@ -61,7 +61,12 @@ def not_acquired(handle: Lock, holder: Holder | None) -> LockNotAcquired:
         held = []
     # A permit of the semaphore of the same name is no hold on this lock.
     nested = any(v == key and lease.kind.mode != "permit" for lease, v in held)
-    if nested:
+    if nested and not handle.kind.exclusive:
+        message += (
+            " This thread (or task) already holds it through another handle: "
+            "shared locks do not nest with their holder's other acquisitions."
+        )
+    elif nested:
         message += (
             " This thread (or task) already holds it through another handle, "
             f"and the {handle.using!r} backend does not nest: use "
