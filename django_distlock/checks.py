@@ -1,7 +1,9 @@
 """System checks for ``settings.LOCKS`` (ids ``distlock.E0xx`` / ``W0xx``).
 
-Generic keys are checked here; each backend class adds its own through a
-``check(alias, params)`` classmethod returning a list of messages.
+Generic keys are checked here; each backend class adds its own through
+``BaseLockBackend.check(alias, params)``: its declared OPTIONS schema
+(``options_schema``, read by ``backends/options.py``), then its
+``check_entry`` hook for the rules a schema cannot declare.
 
 =============  ==============================================================
 id             meaning
@@ -303,7 +305,7 @@ def _check_entry(alias, params):
             if not _importable(module)
         ]
         errors.extend(_missing_driver(where, backend, m, e) for m, e in missing)
-        if not missing and hasattr(backend_cls, "check"):
+        if not missing:
             errors.extend(backend_cls.check(alias, params))
     return errors
 

@@ -18,7 +18,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from ..exceptions import LockNotHeld
 from .handoff import Handoff
 from .holders import Holder
 from .kinds import EXCLUSIVE, SHARED, Kind, permit
+from .options import Option, check_options
 
 __all__ = [
     "EXCLUSIVE",
@@ -36,6 +37,7 @@ __all__ = [
     "Holder",
     "Kind",
     "Lease",
+    "Option",
     "holder_identity",
     "new_token",
     "permit",
@@ -152,6 +154,13 @@ class BaseLockBackend:
     #: ``django-distlock`` that installs it; a system check (``distlock.E019``)
     #: names the ``pip install`` line when one is missing.
     drivers: tuple[tuple[str, str], ...] = ()
+    #: The keys of ``OPTIONS`` the backend reads, each with the
+    #: :class:`~.options.Option` that checks its value: the system checks
+    #: report any other key, and a bad value, with :attr:`options_check_id`
+    #: (or the option's own id). None: OPTIONS are not checked.
+    options_schema: Mapping[str, Option] | None = None
+    #: The check id of an unknown or ill-typed OPTIONS key.
+    options_check_id = "distlock.E009"
 
     #: Called as ``loss_reporter(backend, lease, reason)`` for a loss the
     #: backend finds on its own; the handler that creates the backend sets it
@@ -173,6 +182,27 @@ class BaseLockBackend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} alias={self.alias!r}>"
+
+    # -- system checks ----------------------------------------------------
+
+    @classmethod
+    def check(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return the system check messages of the ``LOCKS[alias]`` entry.
+
+        Its OPTIONS read against :attr:`options_schema`, then the messages of
+        :meth:`check_entry`. Backends override :meth:`check_entry`, not this.
+        """
+        return check_options(cls, alias, params) + cls.check_entry(alias, params)
+
+    @classmethod
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Return check messages for what :attr:`options_schema` cannot declare.
+
+        Rules that tie settings together (LOCATION's form, an option that
+        needs another, a database the backend cannot use). Called after the
+        schema's checks, whatever they found.
+        """
+        return []
 
     # -- the lock itself --------------------------------------------------
 

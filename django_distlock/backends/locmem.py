@@ -134,7 +134,8 @@ class LocMemLockBackend(BaseLockBackend):
             self._table = _tables.setdefault(location, _Table())
 
     @classmethod
-    def check(cls, alias, params):
+    def check_entry(cls, alias, params):
+        """Warn when the locmem backend is used with ``DEBUG = False``."""
         if not settings.DEBUG:
             return [
                 Warning(

@@ -12,7 +12,8 @@ from asgiref.sync import sync_to_async
 from ...exceptions import LockBackendError
 from ..base import BaseLockBackend, Holder, Lease, holder_identity
 from ..handoff import Handoff
-from .checks import DEFAULT_MAX_BACKOFF, OPTION_KEYS, check_entry
+from ..options import Choice, DatabaseAlias, Seconds
+from .checks import DEFAULT_MAX_BACKOFF, check_database
 from .connections import ConnectionsMixin
 from .dialects import Dialect
 from .names import decode_name, encode_name, record_digest
@@ -37,7 +38,21 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
     of aliases that share one table.
     """
 
-    OPTION_KEYS = OPTION_KEYS
+    options_schema = {
+        "DATABASE": DatabaseAlias(
+            "Name a DATABASES alias (default 'default') whose "
+            "database has the django_distlock migrations applied.",
+            default="default",
+        ),
+        "MAX_BACKOFF": Seconds(
+            "The default, 0.05, makes a waiter notice a release within about 50 ms."
+        ),
+        "WAIT": Choice(
+            "'notify' (PostgreSQL only) wakes waiters with "
+            "LISTEN/NOTIFY instead of polling.",
+            choices=("poll", "notify"),
+        ),
+    }
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
@@ -47,9 +62,9 @@ class DatabaseLockBackend(WaitingMixin, ConnectionsMixin, BaseLockBackend):
         self._init_connections()
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check messages for this backend's LOCKS entry."""
-        return check_entry(cls, alias, params)
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check that the backend can use the database, and its WAIT there."""
+        return check_database(alias, params)
 
     @property
     def listens(self) -> bool:

@@ -1,19 +1,23 @@
-"""System checks of the Redis backends' LOCKS entries (read by ``checks.py``).
+"""System checks of the Redis backends' LOCKS entries, beyond their OPTIONS schema.
 
-Every message names the entry, has a hint and an id (``docs/settings.md``).
+The schema itself is declared on :class:`~.plain.RedisLockBackend`; every
+message names the entry, has a hint and an id (``docs/settings.md``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from ..options import Option
 from .client import CLUSTER_SCHEMES
 
-__all__ = ["CONNECTION_KEYS", "OPTION_KEYS", "check_redis"]
+__all__ = ["CONNECTION_KEYS", "Sentinels", "check_redis"]
 
-OPTION_KEYS = frozenset(
+#: OPTIONS that set up a connection of the backend's own: with ``CACHE`` the
+#: django-redis pool's settings apply, and these would be silently ignored.
+CONNECTION_KEYS = frozenset(
     {
-        "CACHE",
         "SOCKET_TIMEOUT",
         "SOCKET_CONNECT_TIMEOUT",
         "CONNECTION_POOL_KWARGS",
@@ -23,9 +27,27 @@ OPTION_KEYS = frozenset(
         "SENTINEL_KWARGS",
     }
 )
-#: OPTIONS that set up a connection of the backend's own: with ``CACHE`` the
-#: django-redis pool's settings apply, and these would be silently ignored.
-CONNECTION_KEYS = OPTION_KEYS - {"CACHE"}
+
+
+@dataclass(frozen=True)
+class Sentinels(Option):
+    """``OPTIONS["SENTINELS"]``: a non-empty list of ``(host, port)`` pairs."""
+
+    def problem(self, value: Any) -> str | None:
+        """Return what is wrong with ``value``, or None."""
+        ok = isinstance(value, (list, tuple)) and len(value) > 0
+        for entry in value if ok else ():
+            ok = ok and (
+                isinstance(entry, (list, tuple))
+                and len(entry) == 2
+                and isinstance(entry[0], str)
+                and isinstance(entry[1], int)
+                and not isinstance(entry[1], bool)
+                and 0 < entry[1] < 65536
+            )
+        if ok:
+            return None
+        return f"must be a non-empty list of (host, port) pairs, not {value!r}"
 
 
 def _error(msg: str, hint: str, id: str):
@@ -34,101 +56,66 @@ def _error(msg: str, hint: str, id: str):
     return Error(msg, hint=hint, obj="settings.LOCKS", id=id)
 
 
-def check_redis(backend: str, alias: str, params: dict[str, Any]) -> list:
-    """Return system check errors for one Redis backend LOCKS entry."""
+def check_redis(alias: str, params: dict[str, Any]) -> list:
+    """Return the check errors of a Redis LOCKS entry beyond its OPTIONS schema.
+
+    The cache or LOCATION it reaches Redis through, and the Cluster and
+    Sentinel forms.
+    """
     where = f"LOCKS[{alias!r}]"
     options = params.get("OPTIONS") or {}
-    errors = []
-    unknown = sorted(set(options) - OPTION_KEYS)
-    if unknown:
-        errors.append(
-            _error(
-                f"{where}['OPTIONS'] has unknown keys: {unknown}.",
-                f"{backend} accepts {sorted(OPTION_KEYS)}.",
-                "distlock.E009",
-            )
-        )
-    for key in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"):
-        value = options.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            errors.append(
-                _error(
-                    f"{where}['OPTIONS'][{key!r}] must be a positive number "
-                    "of seconds.",
-                    "Without socket timeouts a paused server hangs callers.",
-                    "distlock.E009",
-                )
-            )
-    if not isinstance(options.get("CONNECTION_POOL_KWARGS", {}), dict):
-        errors.append(
-            _error(
-                f"{where}['OPTIONS']['CONNECTION_POOL_KWARGS'] must be a dict.",
-                "It is passed to redis-py as keyword arguments.",
-                "distlock.E009",
-            )
-        )
-    cache = options.get("CACHE")
-    if cache is not None:
-        return errors + _check_cache(where, cache, options)
+    if options.get("CACHE") is not None:
+        return _check_cache(where, options)
     location = params.get("LOCATION")
     scale_out = _check_scale_out(where, location, options)
     if scale_out is not None:
-        return errors + scale_out
+        return scale_out
     if not location:
-        errors.append(
+        return [
             _error(
                 f"{where} has no LOCATION.",
                 "Set LOCATION to a redis URL such as 'redis://127.0.0.1:6379/0', "
                 "or OPTIONS={'CACHE': '<django-redis cache alias>'}.",
                 "distlock.E004",
             )
-        )
-    elif not isinstance(location, str) or not location.startswith(
+        ]
+    if not isinstance(location, str) or not location.startswith(
         ("redis://", "rediss://", "unix://")
     ):
-        errors.append(
+        return [
             _error(
                 f"{where}['LOCATION'] must be one redis URL, not {location!r}.",
                 "Use redis://host:port/db, rediss:// for TLS or unix:///path.",
                 "distlock.E004",
             )
-        )
-    return errors
+        ]
+    return []
 
 
-def _check_cache(where: str, cache: Any, options: dict) -> list:
-    """Check ``OPTIONS["CACHE"]``: a django-redis cache, and nothing beside it."""
-    from django.conf import settings
-
-    errors = []
-    backend = (getattr(settings, "CACHES", {}).get(cache) or {}).get("BACKEND", "")
-    if not backend.startswith("django_redis."):
-        errors.append(
-            _error(
-                f"{where}['OPTIONS']['CACHE'] is {cache!r}, which is not a "
-                "django-redis cache in CACHES.",
-                "Name a CACHES alias whose BACKEND is "
-                "'django_redis.cache.RedisCache', or set LOCATION instead.",
-                "distlock.E010",
-            )
-        )
+def _check_cache(where: str, options: dict) -> list:
+    """Check that nothing is set beside ``OPTIONS["CACHE"]``."""
     beside = sorted(CONNECTION_KEYS & set(options))
-    if beside:
-        errors.append(
-            _error(
-                f"{where}['OPTIONS'] has {beside} beside CACHE: the cache's "
-                "connection pool is reused with its own settings, so these "
-                "would be ignored.",
-                f"Set them in CACHES[{cache!r}]['OPTIONS'] (e.g. SOCKET_TIMEOUT), "
-                "or drop CACHE and give the lock a LOCATION of its own.",
-                "distlock.E025",
-            )
+    if not beside:
+        return []
+    cache = options["CACHE"]
+    return [
+        _error(
+            f"{where}['OPTIONS'] has {beside} beside CACHE: the cache's "
+            "connection pool is reused with its own settings, so these "
+            "would be ignored.",
+            f"Set them in CACHES[{cache!r}]['OPTIONS'] (e.g. SOCKET_TIMEOUT), "
+            "or drop CACHE and give the lock a LOCATION of its own.",
+            "distlock.E025",
         )
-    return errors
+    ]
 
 
 def _check_scale_out(where: str, location: Any, options: dict) -> list | None:
-    """Check the Cluster/Sentinel forms; None if the entry uses neither."""
+    """Check the Cluster/Sentinel forms; None if the entry uses neither.
+
+    The values of their OPTIONS are the schema's to check; this checks how
+    they go together, and the cluster LOCATION.
+    """
     from django.core.checks import Error
 
     def error(msg: str, hint: str) -> Error:
@@ -162,26 +149,7 @@ def _check_scale_out(where: str, location: Any, options: dict) -> list | None:
                     "With Sentinel, remove LOCATION: the sentinels name the primary.",
                 )
             )
-        ok = isinstance(sentinels, (list, tuple)) and len(sentinels) > 0
-        for entry in sentinels if ok else ():
-            ok = ok and (
-                isinstance(entry, (list, tuple))
-                and len(entry) == 2
-                and isinstance(entry[0], str)
-                and isinstance(entry[1], int)
-                and not isinstance(entry[1], bool)
-                and 0 < entry[1] < 65536
-            )
-        if not ok:
-            errors.append(
-                error(
-                    f"{where}['OPTIONS']['SENTINELS'] must be a non-empty "
-                    f"list of (host, port) pairs, not {sentinels!r}.",
-                    "For example [('10.0.0.1', 26379), ('10.0.0.2', 26379)].",
-                )
-            )
-        name = options.get("SERVICE_NAME")
-        if not isinstance(name, str) or not name:
+        if "SERVICE_NAME" not in options:
             errors.append(
                 error(
                     f"{where}['OPTIONS']['SERVICE_NAME'] must name the "
@@ -189,21 +157,7 @@ def _check_scale_out(where: str, location: Any, options: dict) -> list | None:
                     "Use the name of the `sentinel monitor <name> ...` line.",
                 )
             )
-        if not isinstance(options.get("SENTINEL_KWARGS", {}), dict):
-            errors.append(
-                error(
-                    f"{where}['OPTIONS']['SENTINEL_KWARGS'] must be a dict.",
-                    "It is passed to redis-py's Sentinel as sentinel_kwargs.",
-                )
-            )
         return errors
-    if "CLUSTER" in options and not isinstance(options["CLUSTER"], bool):
-        errors.append(
-            error(
-                f"{where}['OPTIONS']['CLUSTER'] must be True or False.",
-                "True treats LOCATION as one node of a Redis Cluster.",
-            )
-        )
     if not isinstance(location, str) or not location.startswith(
         ("redis://", "rediss://", *CLUSTER_SCHEMES)
     ):

@@ -24,12 +24,15 @@ from typing import Any
 
 from ...exceptions import LockBackendError
 from ...keys import encode_name
-from ..base import Lease, holder_identity, new_token
+from ..base import EXCLUSIVE, Lease, holder_identity, new_token
+from ..options import Bool, CacheAlias, Dict, Seconds, Text
 from ..steps import StepsBackend
 from . import checks
 from .client import RedisClients, async_timeout
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
+from .kind_listing import RedisKindListing
 from .listing import RedisListing
+from .sharing import RedisKinds
 
 __all__ = ["RedisLockBackend"]
 
@@ -41,7 +44,7 @@ WAITER_GRACE_MS = 1000
 Command = tuple
 
 
-class RedisLockBackend(RedisListing, StepsBackend):
+class RedisLockBackend(RedisKinds, RedisKindListing, RedisListing, StepsBackend):
     """Locks on one Redis server (or the server behind a django-redis cache).
 
     ``LOCATION`` is a redis URL; alternatively ``OPTIONS["CACHE"]`` names a
@@ -57,11 +60,46 @@ class RedisLockBackend(RedisListing, StepsBackend):
     ``OPTIONS["SERVICE_NAME"]`` reaches the primary that Redis Sentinel
     currently names, and no LOCATION is needed.
     ``OPTIONS["SENTINEL_KWARGS"]`` is passed to the connections to sentinels.
+
+    Shared leases and semaphore permits: :mod:`.sharing`.
     """
 
     drivers = (("redis", "redis"),)
 
-    OPTION_KEYS = checks.OPTION_KEYS
+    options_schema = {
+        "CACHE": CacheAlias(
+            "Name a CACHES alias whose BACKEND is "
+            "'django_redis.cache.RedisCache', or set LOCATION instead.",
+            backend="django_redis.",
+            what="django-redis cache",
+        ),
+        "SOCKET_TIMEOUT": Seconds(
+            "Without socket timeouts a paused server hangs callers."
+        ),
+        "SOCKET_CONNECT_TIMEOUT": Seconds(
+            "Without socket timeouts a paused server hangs callers."
+        ),
+        "CONNECTION_POOL_KWARGS": Dict(
+            "It is passed to redis-py as keyword arguments."
+        ),
+        "CLUSTER": Bool(
+            "True treats LOCATION as one node of a Redis Cluster.",
+            id="distlock.E015",
+        ),
+        "SENTINELS": checks.Sentinels(
+            "For example [('10.0.0.1', 26379), ('10.0.0.2', 26379)].",
+            id="distlock.E015",
+        ),
+        "SERVICE_NAME": Text(
+            "Use the name of the `sentinel monitor <name> ...` line.",
+            id="distlock.E015",
+            what="the monitored primary",
+        ),
+        "SENTINEL_KWARGS": Dict(
+            "It is passed to redis-py's Sentinel as sentinel_kwargs.",
+            id="distlock.E015",
+        ),
+    }
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
@@ -73,9 +111,9 @@ class RedisLockBackend(RedisListing, StepsBackend):
         self._keys: dict[str, LockKeys] = {}
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check errors for this backend's LOCKS entry."""
-        return checks.check_redis(cls.__name__, alias, params)
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check the cache or LOCATION, and the Cluster and Sentinel forms."""
+        return checks.check_redis(alias, params)
 
     # -- clients ----------------------------------------------------------
 
@@ -269,6 +307,8 @@ class RedisLockBackend(RedisListing, StepsBackend):
     def _renewals(self, leases: list[Lease]) -> list[Command]:
         return [
             ("eval", EXTEND, (self.keys_for(le.name).lease,), [le.token, ms(le.ttl)])
+            if le.kind is EXCLUSIVE
+            else self._kind_renewal(le)
             for le in leases
         ]
 

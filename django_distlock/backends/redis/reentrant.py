@@ -167,6 +167,8 @@ class ReentrantRedisLockBackend(RedisLockBackend):
     """
 
     reentrant = True
+    #: Shared and semaphore reentrancy are not offered: only the exclusive kind.
+    kinds = frozenset({"exclusive"})
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)

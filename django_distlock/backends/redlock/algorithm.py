@@ -16,6 +16,7 @@ from typing import Any
 
 from ...exceptions import LockBackendError
 from ..base import Lease, holder_identity, new_token
+from ..kinds import EXCLUSIVE
 from .steps import (
     ACQUIRE,
     COMMIT,
@@ -345,10 +346,11 @@ class RedlockAlgorithm:
         return ok, failed, results
 
     def _release_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
-        ok, failed, results = yield from self._quorum_steps(
-            self._release_command(self.keys_for(lease.name), lease.token),
-            lease.name,
-        )
+        if lease.kind is EXCLUSIVE:
+            command = self._release_command(self.keys_for(lease.name), lease.token)
+        else:
+            command = self._shared_release_command(lease.name, lease.token)
+        ok, failed, results = yield from self._quorum_steps(command, lease.name)
         if ok >= self.quorum:
             return True
         if len(self.nodes) - failed < self.quorum:
@@ -358,6 +360,8 @@ class RedlockAlgorithm:
         return False
 
     def _extend_command(self, lease: Lease, ttl: float) -> tuple:
+        if lease.kind is not EXCLUSIVE:
+            return self._shared_extend_command(lease, ttl)
         lease_key = self.keys_for(lease.name)[0]
         return ("EVALSHA", EXTEND.sha, 1, lease_key, lease.token, ms(ttl))
 
@@ -391,6 +395,8 @@ class RedlockAlgorithm:
         return outcomes
 
     def _is_held_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
+        if lease.kind is not EXCLUSIVE:
+            return (yield from self._shared_is_held_steps(lease))
         results = yield Fanout([("GET", self.keys_for(lease.name)[0])])
         mine = lease.token.encode() + b"\n"
         held = sum(

@@ -24,20 +24,28 @@ every later acquisition, whose majority meets that one, gets a larger token.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
+from asgiref.sync import markcoroutinefunction
+
 from ..base import Lease
+from ..kinds import EXCLUSIVE, Kind
+from ..options import Dict, Number, Seconds
 from ..steps import StepsBackend
 from .algorithm import RedlockAlgorithm
+from .checks import check_location
 from .fanout import FanoutExecutor
 from .listing import RedlockListing
+from .shared import RedlockShared
 from .steps import Node, lock_keys, ms
 
 __all__ = ["RedlockBackend"]
 
 
-class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBackend):
+class RedlockBackend(
+    RedlockListing, FanoutExecutor, RedlockShared, RedlockAlgorithm, StepsBackend
+):
     """Locks held by a majority of independent Redis masters (Redlock).
 
     ``LOCATION`` is a list of at least 3 redis URLs (an odd count is best).
@@ -52,19 +60,38 @@ class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBack
     """
 
     drivers = (("redis", "redis"),)
+    #: Shared locks carry the quorum argument over; semaphores do not
+    #: (per-node counts admit more than the limit): see "Shared locks and
+    #: semaphores" in docs/backends/redlock.md.
+    kinds = frozenset({"exclusive", "shared"})
 
     #: Tokens survive any minority of nodes losing their data; beyond that
     #: they rest on the nodes' clocks (see the docs page).
     durable_fencing = True
 
-    OPTION_KEYS = {
-        "NODE_TIMEOUT",
-        "SOCKET_CONNECT_TIMEOUT",
-        "DRIFT_FACTOR",
-        "RETRY_JITTER",
-        "RESTART_DELAY",
-        "FENCE_RETENTION",
-        "CONNECTION_POOL_KWARGS",
+    options_schema = {
+        "NODE_TIMEOUT": Seconds("How long a node may take to answer one step."),
+        "SOCKET_CONNECT_TIMEOUT": Seconds(
+            "How long connecting to a node may take (default: NODE_TIMEOUT)."
+        ),
+        "DRIFT_FACTOR": Number(
+            "A fraction of the TTL allowed for clock drift (default 0.01).",
+            zero_ok=True,
+        ),
+        "RETRY_JITTER": Seconds(
+            "The longest random pause after a split vote (default 0.02).",
+            zero_ok=True,
+        ),
+        "RESTART_DELAY": Seconds(
+            "How long a restarted node is not trusted (default: the TTL).",
+            zero_ok=True,
+        ),
+        "FENCE_RETENTION": Seconds(
+            "How long a fencing counter started from the clock is kept (default 3600)."
+        ),
+        "CONNECTION_POOL_KWARGS": Dict(
+            "It is passed to redis-py's connections as keyword arguments."
+        ),
     }
 
     def __init__(self, alias: str, params: dict[str, Any]):
@@ -89,102 +116,9 @@ class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBack
     # -- checks -----------------------------------------------------------
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check messages for this backend's LOCKS entry."""
-        from django.core.checks import Error, Warning
-
-        where = f"LOCKS[{alias!r}]"
-        messages = []
-        options = params.get("OPTIONS") or {}
-        unknown = sorted(set(options) - cls.OPTION_KEYS)
-        if unknown:
-            messages.append(
-                Error(
-                    f"{where}['OPTIONS'] has unknown keys: {unknown}.",
-                    hint=f"{cls.__name__} accepts {sorted(cls.OPTION_KEYS)}.",
-                    obj="settings.LOCKS",
-                    id="distlock.E009",
-                )
-            )
-        for key in (
-            "NODE_TIMEOUT",
-            "SOCKET_CONNECT_TIMEOUT",
-            "RETRY_JITTER",
-            "RESTART_DELAY",
-            "FENCE_RETENTION",
-            "DRIFT_FACTOR",
-        ):
-            if key not in options:
-                continue
-            value = options[key]
-            zero_ok = key in ("RETRY_JITTER", "RESTART_DELAY", "DRIFT_FACTOR")
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or value < 0
-                or (value == 0 and not zero_ok)
-            ):
-                messages.append(
-                    Error(
-                        f"{where}['OPTIONS'][{key!r}] must be a "
-                        f"{'non-negative' if zero_ok else 'positive'} number, "
-                        f"not {value!r}.",
-                        hint="Times are in seconds; DRIFT_FACTOR is a fraction "
-                        "of the TTL (default 0.01).",
-                        obj="settings.LOCKS",
-                        id="distlock.E009",
-                    )
-                )
-        location = params.get("LOCATION")
-        if not isinstance(location, (list, tuple)) or not all(
-            isinstance(url, str)
-            and url.startswith(("redis://", "rediss://", "unix://"))
-            for url in location
-        ):
-            messages.append(
-                Error(
-                    f"{where}['LOCATION'] must be a list of redis URLs, "
-                    f"not {location!r}.",
-                    hint="List one URL per independent Redis master, e.g. "
-                    "['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', "
-                    "'redis://10.0.0.3:6379'].",
-                    obj="settings.LOCKS",
-                    id="distlock.E004",
-                )
-            )
-            return messages
-        if len(location) < 3:
-            messages.append(
-                Error(
-                    f"{where} lists {len(location)} Redis node(s); Redlock "
-                    "needs at least 3.",
-                    hint="With fewer than 3 independent masters a single "
-                    "failure loses the quorum; use RedisLockBackend for one "
-                    "server, or list 3 or 5 masters.",
-                    obj="settings.LOCKS",
-                    id="distlock.E011",
-                )
-            )
-        elif len(location) % 2 == 0:
-            messages.append(
-                Warning(
-                    f"{where} lists an even number of Redis nodes ({len(location)}).",
-                    hint=f"{len(location)} nodes tolerate no more failures than "
-                    f"{len(location) - 1}; use an odd number.",
-                    obj="settings.LOCKS",
-                    id="distlock.W001",
-                )
-            )
-        if len(set(location)) != len(location):
-            messages.append(
-                Error(
-                    f"{where}['LOCATION'] lists the same node twice.",
-                    hint="Every URL must be a different, independent master.",
-                    obj="settings.LOCKS",
-                    id="distlock.E004",
-                )
-            )
-        return messages
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check LOCATION: distinct redis URLs, at least 3, best an odd count."""
+        return check_location(alias, params)
 
     # -- keys -------------------------------------------------------------
 
@@ -199,6 +133,32 @@ class RedlockBackend(RedlockListing, FanoutExecutor, RedlockAlgorithm, StepsBack
         return [(start + i) % len(self.nodes) for i in range(len(self.nodes))]
 
     # -- the contract -----------------------------------------------------
+
+    def acquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Lease | None:
+        if kind is EXCLUSIVE:
+            return self._run(self._acquire_steps(name, ttl, timeout))
+        return self._run(self._other_acquire_steps(name, ttl, timeout, kind))
+
+    @markcoroutinefunction
+    def aacquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Awaitable[Lease | None]:
+        if kind is EXCLUSIVE:
+            return self._arun(self._acquire_steps(name, ttl, timeout))
+        return self._arun(self._other_acquire_steps(name, ttl, timeout, kind))
+
+    def _other_acquire_steps(self, name, ttl, timeout, kind: Kind):
+        """The steps of an acquisition of a ``kind`` other than EXCLUSIVE."""
+        if kind.mode == "shared":
+            return self._shared_acquire_steps(name, ttl, timeout)
+        if kind.exclusive:
+            return self._acquire_steps(name, ttl, timeout)
+        raise ValueError(
+            f"Redlock backend {self.alias!r} offers no semaphores (lock {name!r}): "
+            "per-node permit counts cannot bound the permits held by a quorum."
+        )
 
     def renew(self, leases: Iterable[Lease]) -> list[bool | None]:
         """Renew every lease on every node in one pipelined round trip."""

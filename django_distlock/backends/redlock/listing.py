@@ -9,8 +9,9 @@ from datetime import datetime, timezone
 from ...exceptions import LockBackendError
 from ...keys import glob_escape
 from ..base import Holder
+from ..kinds import EXCLUSIVE, SHARED, Kind
 from .algorithm import single
-from .steps import STALE_AFTER, Failed, Fanout, unpack_meta
+from .steps import STALE_AFTER, Failed, Fanout, reader_keys, unpack_meta
 
 __all__ = ["RedlockListing"]
 
@@ -74,16 +75,67 @@ class RedlockListing:
             )
         return seen
 
+    def _scan_readers(self) -> dict[tuple[bytes, bytes], list]:
+        """Return {(readers key, token): [(node, fence, holder, expires), ...]}
+        of the live shared leases; ``fence`` is the node's counter.
+
+        Raise LockBackendError if fewer than a quorum of nodes can be read.
+        """
+        import redis
+
+        pattern = glob_escape(self.key_prefix) + ":{*}:r"
+        seen: dict[tuple[bytes, bytes], list] = {}
+        failed = 0
+        for i in range(len(self.nodes)):
+            client = self._node_client(i)
+            try:
+                for key in client.scan_iter(match=pattern, count=1000, _type="ZSET"):
+                    lease = key[:-2]
+                    pipe = client.pipeline(transaction=False)
+                    pipe.zrange(key, 0, -1, withscores=True)
+                    pipe.hgetall(lease + b":m")
+                    pipe.get(lease + b":c")
+                    pipe.time()
+                    readers, metas, counter, (seconds, micros) = pipe.execute()
+                    node_ms = seconds * 1000 + micros // 1000
+                    now = time.time()
+                    for token, score in readers:
+                        if score <= node_ms or token not in metas:
+                            continue  # expired
+                        expires = now + (score - node_ms) / 1000
+                        seen.setdefault((key, token), []).append(
+                            (i, int(counter or 0), metas[token], expires)
+                        )
+            except redis.exceptions.RedisError:
+                failed += 1
+            finally:
+                client.close()
+        if len(self.nodes) - failed < self.quorum:
+            raise LockBackendError(
+                f"Redlock backend {self.alias!r} could not reach a quorum of "
+                "nodes to list locks."
+            )
+        return seen
+
     def holders(self, prefix: str = "") -> Iterator[Holder]:
-        """Yield the locks that a quorum of nodes hold with the same token."""
+        """Yield the leases that a quorum of nodes hold with the same token."""
         for (_key, token), copies in self._scan().items():
             holder = self._holder(token, copies)
             if holder is not None and holder.name.startswith(prefix):
                 yield holder
+        for (_key, token), copies in self._scan_readers().items():
+            holder = self._holder(token, copies, SHARED)
+            if holder is not None and holder.name.startswith(prefix):
+                yield holder
 
-    def _holder(self, token: bytes, copies: list) -> Holder | None:
+    def _holder(
+        self, token: bytes, copies: list, kind: Kind = EXCLUSIVE
+    ) -> Holder | None:
         """Return the Holder of ``token``'s ``copies`` (node, fence, meta,
-        expires), or None unless a quorum of nodes hold it."""
+        expires), or None unless a quorum of nodes hold it.
+
+        A shared holder's fence is the smallest counter of its nodes, as its
+        acquisition reported."""
         if len(copies) < self.quorum:
             return None
         name, host, pid, thread, acquired = unpack_meta(copies[0][2])
@@ -105,20 +157,56 @@ class RedlockListing:
             expires_at=datetime.fromtimestamp(expires, timezone.utc)
             if expires
             else None,
-            fencing_token=max(f for _n, f, _m, _e in copies),
+            fencing_token=(max if kind is EXCLUSIVE else min)(
+                f for _n, f, _m, _e in copies
+            ),
+            kind=kind,
         )
 
-    def _lookup(self, name: str) -> Fanout:
+    def _lookup(self, name: str, kind: Kind) -> Fanout:
         lease, counter, _waiters, _wake = self.keys_for(name)
-        return Fanout([("GET", lease), ("PTTL", lease), ("GET", counter)])
+        commands = [("GET", lease), ("PTTL", lease), ("GET", counter)]
+        if kind.exclusive:
+            # Shared holders keep an exclusive request out too.
+            readers, meta = reader_keys(lease)
+            commands += [
+                ("ZRANGE", readers, 0, -1, "WITHSCORES"),
+                ("HGETALL", meta),
+                ("TIME",),
+            ]
+        return Fanout(commands)
 
     def _holder_of(self, results: list) -> Holder | None:
+        holder = self._exclusive_holder_of(results)
+        if holder is not None:
+            return holder
+        now = time.time()
+        copies: dict[bytes, list] = {}
+        for i, r in enumerate(results):
+            if isinstance(r, Failed) or len(r) < 6:
+                continue
+            counter, readers, metas, (seconds, micros) = r[2:6]
+            node_ms = int(seconds) * 1000 + int(micros) // 1000
+            metas = _pairs(metas)
+            for token, score in _pairs(readers).items():
+                score = float(score)
+                if score <= node_ms or token not in metas:
+                    continue
+                expires = now + (score - node_ms) / 1000
+                copies.setdefault(token, []).append(
+                    (i, int(counter or 0), metas[token], expires)
+                )
+        found = [self._holder(t, held, SHARED) for t, held in copies.items()]
+        found = [h for h in found if h is not None]
+        return min(found, key=lambda h: h.expires_ts or 0) if found else None
+
+    def _exclusive_holder_of(self, results: list) -> Holder | None:
         now = time.time()
         copies: dict[bytes, list] = {}
         for i, r in enumerate(results):
             if isinstance(r, Failed):
                 continue
-            value, pttl, counter = r
+            value, pttl, counter = r[:3]
             parts = (value or b"").split(b"\n", 2)
             if len(parts) < 3 or not isinstance(pttl, int) or pttl == -2:
                 continue  # free, or a reservation
@@ -131,23 +219,38 @@ class RedlockListing:
                 return holder
         return None
 
-    def holder_of(self, name: str) -> Holder | None:
-        """Return the holder of ``name`` on a quorum (one round trip), or None."""
-        return self._holder_of(self._run(single(self._lookup(name))))
+    def holder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
+        """Return what keeps ``kind`` of ``name`` out on a quorum, or None.
 
-    async def aholder_of(self, name: str) -> Holder | None:
+        One round trip. For an exclusive request: the exclusive holder, else
+        the shared holder whose lease ends first; for a shared one: the
+        exclusive holder. Semaphores do not exist here (:attr:`kinds`).
+        """
+        if kind.mode == "permit":
+            return None
+        return self._holder_of(self._run(single(self._lookup(name, kind))))
+
+    async def aholder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
         """Async twin of :meth:`holder_of`."""
-        return self._holder_of(await self._arun(single(self._lookup(name))))
+        if kind.mode == "permit":
+            return None
+        return self._holder_of(await self._arun(single(self._lookup(name, kind))))
 
-    def force_release(self, name: str, token: str) -> bool:
+    def force_release(self, name: str, token: str, kind: Kind = EXCLUSIVE) -> bool:
         """Delete the lease ``token`` of ``name`` on every node that has it.
 
         Return True if any node removed it: the lock is then no longer held
-        by a quorum unless it was re-taken, which this never undoes.
+        by a quorum unless it was re-taken, which this never undoes. A
+        shared ``kind`` removes that one reader; a permit (none exists here)
+        removes nothing.
         """
-        results = self._run(
-            single(Fanout([self._release_command(self.keys_for(name), token)]))
-        )
+        if kind.mode == "permit":
+            return False
+        if kind.exclusive:
+            command = self._release_command(self.keys_for(name), token)
+        else:
+            command = self._shared_release_command(name, token)
+        results = self._run(single(Fanout([command])))
         ok, failed = self._count(results)
         if ok == 0 and len(self.nodes) - failed < self.quorum:
             raise self._no_quorum(name, results)
@@ -181,3 +284,13 @@ class RedlockListing:
             if any(not isinstance(r, Failed) and r[0] for r in results):
                 removed += 1
         return removed
+
+
+def _pairs(reply) -> dict:
+    """Return a ZRANGE WITHSCORES or HGETALL reply as a dict, whichever
+    shape the connection's parser gave it (flat, pairs, or a dict)."""
+    if isinstance(reply, dict):
+        return reply
+    if reply and isinstance(reply[0], (list, tuple)):
+        return dict(reply)
+    return dict(zip(reply[::2], reply[1::2]))

@@ -26,7 +26,18 @@ ACQUIRE = load_script(_HERE, "acquire")
 COMMIT = load_script(_HERE, "commit")
 RELEASE = load_script(_HERE, "release")
 EXTEND = load_script(_HERE, "extend")
-SCRIPTS = (ACQUIRE, COMMIT, RELEASE, EXTEND)
+ACQUIRE_SHARED = load_script(_HERE, "acquire_shared")
+RELEASE_SHARED = load_script(_HERE, "release_shared")
+EXTEND_SHARED = load_script(_HERE, "extend_shared")
+SCRIPTS = (
+    ACQUIRE,
+    COMMIT,
+    RELEASE,
+    EXTEND,
+    ACQUIRE_SHARED,
+    RELEASE_SHARED,
+    EXTEND_SHARED,
+)
 
 
 #: A counter below this was never raised to the clock floor (it is new);
@@ -186,6 +197,16 @@ def unpack_meta(raw: bytes) -> tuple[str, str, int | None, str, float | None]:
     except (ValueError, TypeError):
         return decode_name(name), "", None, "", None
     return decode_name(name), host, pid, thread, acquired / 1000
+
+
+#: The start of every shared lease's token (a waiter registered under such a
+#: token is a reader: it does not keep other readers out).
+SHARED_MARK = "r."
+
+
+def reader_keys(lease_key: str) -> tuple[str, str]:
+    """Return the readers zset and the readers' descriptions hash of a lock."""
+    return lease_key + ":r", lease_key + ":m"
 
 
 @functools.lru_cache(maxsize=4096)

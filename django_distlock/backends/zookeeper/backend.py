@@ -1,14 +1,20 @@
-"""ZooKeeper backend: the ephemeral-sequential-node lock recipe, with kazoo.
+"""ZooKeeper backend: the ephemeral-sequential-node lock recipes, with kazoo.
 
 Layout, under ``/<KEY_PREFIX>`` (percent-encoded)::
 
-    /distlock/<digest of the name>            data: the full lock name
-    /distlock/<digest>/<token>-0000000042     ephemeral, sequential: one
-                                              contender (holder or waiter)
+    /distlock/<digest of the name>              data: the full lock name
+    /distlock/<digest>/<token>-0000000042       ephemeral, sequential: one
+                                                contender (holder or waiter)
+    /distlock/<digest>/r.<token>-0000000043     a shared contender
+    /distlock/semaphores/<digest>/<token>-0000000007   a permit contender
 
-The contender with the lowest sequence number holds the lock; every other
-one watches only its immediate predecessor (no herd), so the lock is fair:
-first come, first served.
+The order of the sequence numbers is the queue (:mod:`.queue`): an
+exclusive contender holds once no node is ahead of it and watches only its
+immediate predecessor (no herd), so the lock is fair, first come first
+served; a shared one holds once no exclusive node is ahead of it (readers
+queued behind a waiting writer wait for it: writer preference); a permit
+once fewer than ``limit`` nodes are ahead of it (FIFO). Semaphores have a
+tree of their own, so a semaphore and a lock of the same name never meet.
 
 **The lease.** The nodes are ephemeral: they live as long as the process's
 ZooKeeper session, so a crashed or partitioned process loses its locks when
@@ -24,7 +30,11 @@ therefore rewrites the node: a new ``mtime``, a new window.
 **Fencing.** The token is the holder node's ``czxid``, the ZooKeeper
 transaction id that created it: global, strictly increasing, and durable
 (written by a quorum), so it keeps increasing across lock-node deletion,
-restarts and leader changes.
+restarts and leader changes. Every node created before an exclusive one is
+gone before it holds, and every node created after it waits for it, so an
+exclusive token exceeds the token of every acquisition before it; a shared
+holder's token is its own node's ``czxid``, below that of the next
+exclusive holder.
 
 **Lock lost.** A SUSPENDED (connection lost) or LOST (session expired)
 session marks every lease of the process lost at once: with the link gone
@@ -34,67 +44,28 @@ assume the worst.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 import weakref
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
 from ...exceptions import LockBackendError
-from ...keys import decode_name, encode_name, name_digest
-from ..base import BaseLockBackend, Holder, Lease, holder_identity, new_token
-from .checks import check_entry
+from ...keys import name_digest
+from ..base import BaseLockBackend, Lease, new_token
+from ..kinds import EXCLUSIVE, Kind
+from ..options import Dict, Seconds
+from .checks import check_location
+from .listing import SEMAPHORES, ZooKeeperListing
+from .nodes import SHARED_MARK, ZkNode, ms, node_data
+from .queue import take_turn
 
 __all__ = ["ZooKeeperLockBackend"]
 
-#: How long past its expected next rewrite a waiter's node stays valid.
-WAITER_GRACE_MS = 3000
-#: Longest single wait before a waiter rewrites its node.
-MAX_WAIT_SLICE = 2.0
-#: Names longer than this (compressed) are stored truncated.
-MAX_STORED_NAME = 512 * 1024
 
-
-@dataclass
-class _Node:
-    """Where a lease lives: its node, last known version and session."""
-
-    path: str
-    version: int
-    session: int
-    acquired_ms: int = 0
-
-
-def _seq(child: str) -> int:
-    return int(child.rsplit("-", 1)[1])
-
-
-def _pack_name(name: str) -> bytes:
-    raw = encode_name(name)
-    if len(raw) < 1024:
-        return b"r" + raw
-    packed = zlib.compress(raw)
-    if len(packed) > MAX_STORED_NAME:
-        # Keep a readable prefix: the lock itself is keyed by the digest.
-        return b"t" + raw[:MAX_STORED_NAME]
-    return b"z" + packed
-
-
-def _unpack_name(data: bytes) -> str:
-    kind, body = data[:1], data[1:]
-    if kind == b"z":
-        body = zlib.decompress(body)
-    return decode_name(body)
-
-
-class ZooKeeperLockBackend(BaseLockBackend):
-    """Locks in a ZooKeeper ensemble (fair, fenced by ``czxid``).
+class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
+    """Locks and semaphores in a ZooKeeper ensemble (fair, fenced by ``czxid``).
 
     ``LOCATION`` is ``"host:port[,host:port...]"`` (an optional ``/chroot``
     at the end) or a list of ``"host:port"``. OPTIONS:
@@ -104,8 +75,20 @@ class ZooKeeperLockBackend(BaseLockBackend):
     """
 
     drivers = (("kazoo", "zookeeper"),)
+    kinds = frozenset({"exclusive", "shared", "permit"})
 
-    OPTION_KEYS = {"SESSION_TIMEOUT", "CONNECT_TIMEOUT", "KAZOO_KWARGS"}
+    options_schema = {
+        "SESSION_TIMEOUT": Seconds(
+            "SESSION_TIMEOUT bounds how long a dead process keeps its locks."
+        ),
+        "CONNECT_TIMEOUT": Seconds(
+            "It bounds the wait for a connection to the ensemble."
+        ),
+        "KAZOO_KWARGS": Dict(
+            "It is passed to kazoo's KazooClient as keyword arguments."
+        ),
+    }
+    options_check_id = "distlock.E016"
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
@@ -122,9 +105,9 @@ class ZooKeeperLockBackend(BaseLockBackend):
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     @classmethod
-    def check(cls, alias: str, params: dict[str, Any]) -> list:
-        """Return system check errors for this backend's LOCKS entry."""
-        return check_entry(alias, params, cls.OPTION_KEYS, cls.__name__)
+    def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
+        """Check the form of LOCATION (hosts and ports)."""
+        return check_location(alias, params)
 
     # -- the session --------------------------------------------------------
 
@@ -241,77 +224,46 @@ class ZooKeeperLockBackend(BaseLockBackend):
     # -- paths and data -----------------------------------------------------
 
     def _dir(self, name: str) -> str:
+        """Return the path of the node of lock ``name``."""
         return f"{self.root}/{name_digest(name)}"
 
-    @staticmethod
-    def _data(state: str, window_ms: int, acquired_ms: int | None = None) -> bytes:
-        host, pid, thread = holder_identity()
-        return json.dumps(
-            {
-                "s": state,
-                "x": window_ms,
-                "h": host,
-                "p": pid,
-                "th": thread,
-                "a": acquired_ms or int(time.time() * 1000),
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @staticmethod
-    def _window(data: bytes) -> tuple[str, int]:
-        try:
-            info = json.loads(data)
-            return info["s"], int(info["x"])
-        except (ValueError, KeyError, TypeError):
-            return "?", 0
-
-    def _ensure_dir(self, client, name: str, path: str) -> None:
-        from kazoo.exceptions import NodeExistsError
-
-        if client.exists(path) is None:
-            try:
-                client.create(path, _pack_name(name), makepath=True)
-            except NodeExistsError:
-                pass
-
-    def _create(self, client, name: str, token: str, window_ms: int):
-        """Create our contender node; return (path, stat)."""
-        from kazoo.exceptions import NoNodeError
-
-        directory = self._dir(name)
-        for _ in range(5):
-            try:
-                path, stat = client.create(
-                    f"{directory}/{token}-",
-                    self._data("w", window_ms),
-                    ephemeral=True,
-                    sequence=True,
-                    include_data=True,
-                )
-                return path, stat
-            except NoNodeError:
-                # First use of this name, or its empty node was just cleared.
-                self._ensure_dir(client, name, directory)
-        raise LockBackendError(f"Lock {name!r}: its ZooKeeper node keeps vanishing.")
+    def _sem_dir(self, name: str) -> str:
+        """Return the path of the node of semaphore ``name``."""
+        return f"{self.root}/{SEMAPHORES}/{name_digest(name)}"
 
     # -- the lock -----------------------------------------------------------
 
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Lease | None:
+    def acquire(
+        self, name: str, ttl: float, timeout: float | None, kind: Kind = EXCLUSIVE
+    ) -> Lease | None:
         from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
 
-        token = new_token()
+        if kind.mode == "permit":
+            if not isinstance(kind.limit, int) or kind.limit < 1:
+                raise ValueError(
+                    f"Semaphore {name!r} needs a limit of at least 1, "
+                    f"not {kind.limit!r}."
+                )
+            directory = self._sem_dir(name)
+            token = new_token()
+        else:
+            directory = self._dir(name)
+            token = new_token() if kind.exclusive else SHARED_MARK + new_token()
         try:
             with self._guard("acquire"):
-                return self._acquire(name, token, ttl, timeout)
+                return take_turn(self, name, directory, token, ttl, timeout, kind)
         except LockBackendError as e:
             if isinstance(e.__cause__, (ConnectionLoss, OperationTimeoutError)):
                 # A create (or the write making us the holder) may have gone
                 # through unanswered: a node nobody will delete.
-                self._remove_in_doubt(name, token, ttl)
+                self._remove_in_doubt(directory, token, ttl)
             raise
 
-    def _remove_in_doubt(self, name: str, token: str, ttl: float) -> None:
+    def track(self, lease: Lease) -> None:
+        """Watch ``lease`` for session loss (called when it is granted)."""
+        self._leases.add(lease)
+
+    def _remove_in_doubt(self, directory: str, token: str, ttl: float) -> None:
         """Delete, from a thread, the nodes this attempt's ``token`` names.
 
         As Curator's protection mode does: our node names start with the
@@ -324,7 +276,6 @@ class ZooKeeperLockBackend(BaseLockBackend):
         from kazoo.protocol.states import KazooState
 
         client = self._client
-        directory = self._dir(name)
         prefix = f"{token}-"
         give_up = time.monotonic() + max(ttl, self.session_timeout)
 
@@ -358,92 +309,7 @@ class ZooKeeperLockBackend(BaseLockBackend):
                 target=remove, name="distlock-zk-in-doubt", daemon=True
             ).start()
 
-    def _acquire(
-        self, name: str, token: str, ttl: float, timeout: float | None
-    ) -> Lease | None:
-        from kazoo.exceptions import BadVersionError, KazooException, NoNodeError
-
-        client = self.client
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        waiter_ms = int(MAX_WAIT_SLICE * 1000) + WAITER_GRACE_MS
-        path, stat = self._create(client, name, token, waiter_ms)
-        directory, mine = path.rsplit("/", 1)
-        server_now = stat.mtime
-        try:
-            while True:
-                children = sorted(client.get_children(directory), key=_seq)
-                if mine not in children:
-                    # Deleted as dead while we starved: queue again.
-                    path, stat = self._create(client, name, token, waiter_ms)
-                    mine, server_now = path.rsplit("/", 1)[1], stat.mtime
-                    continue
-                index = children.index(mine)
-                if index == 0:
-                    sent = time.monotonic()
-                    acquired_ms = int(time.time() * 1000)
-                    stat = client.set(path, self._data("h", _ms(ttl), acquired_ms))
-                    lease = Lease(
-                        alias=self.alias,
-                        name=name,
-                        token=token,
-                        fencing_token=stat.czxid,
-                        ttl=ttl,
-                        deadline=sent + ttl,
-                        state=_Node(
-                            path, stat.version, client.client_id[0], acquired_ms
-                        ),
-                    )
-                    self._leases.add(lease)
-                    path = None  # ours now: not deleted below
-                    return lease
-                previous = f"{directory}/{children[index - 1]}"
-                woken = threading.Event()
-                try:
-                    data, pstat = client.get(
-                        previous, watch=lambda _e, woken=woken: woken.set()
-                    )
-                except NoNodeError:
-                    continue
-                state, window = self._window(data)
-                expires = pstat.mtime + window
-                if expires < server_now:
-                    try:  # dead: its version guards against a racing extend
-                        client.delete(previous, version=pstat.version)
-                    except (BadVersionError, NoNodeError):
-                        pass
-                    continue
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    return None
-                wait = MAX_WAIT_SLICE
-                if deadline is not None:
-                    wait = min(wait, deadline - now)
-                # Wake when the predecessor could have expired (+ a margin).
-                wait = min(wait, max(0.0, (expires - server_now) / 1000) + 0.01)
-                woken.wait(wait)
-                try:
-                    stat = client.set(path, self._data("w", waiter_ms))
-                    server_now = stat.mtime
-                except NoNodeError:
-                    pass  # the next turn of the loop queues again
-        except KazooException:
-            if path is not None:
-                # Not waited for: with the connection down it would hang
-                # until kazoo reconnects. Sent once it has.
-                client.delete_async(path)
-                path = None
-            raise
-        finally:
-            if path is not None:
-                # Leave the queue (best effort: a node left behind by a lost
-                # connection is removed by its successor once its window ends).
-                try:
-                    client.delete(path)
-                except KazooException:
-                    pass
-
-    def _node(self, lease: Lease) -> _Node:
+    def _node(self, lease: Lease) -> ZkNode:
         lease.check_owner_process()
         return lease.state
 
@@ -478,7 +344,7 @@ class ZooKeeperLockBackend(BaseLockBackend):
             try:
                 stat = client.set(
                     node.path,
-                    self._data("h", _ms(ttl), node.acquired_ms),
+                    node_data("h", ms(ttl), node.acquired_ms, lease.kind.limit),
                     version=node.version,
                 )
             except (NoNodeError, BadVersionError):
@@ -498,119 +364,3 @@ class ZooKeeperLockBackend(BaseLockBackend):
             and stat.version == node.version
             and stat.ephemeralOwner == node.session
         )
-
-    # -- listing and clearing -----------------------------------------------
-
-    def _server_now(self, client) -> int:
-        """The ZooKeeper leader's clock, in ms (by touching the root node)."""
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return client.set(self.root, b"").mtime
-        except NoNodeError:
-            client.ensure_path(self.root)
-            return client.set(self.root, b"").mtime
-
-    def _lock_dirs(self, client) -> list[str]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return client.get_children(self.root)
-        except NoNodeError:
-            return []
-
-    def holders(self, prefix: str = "") -> Iterator[Holder]:
-        from kazoo.exceptions import NoNodeError
-
-        with self._guard("list locks"):
-            client = self.client
-            now = self._server_now(client)
-            for digest in self._lock_dirs(client):
-                directory = f"{self.root}/{digest}"
-                try:
-                    raw_name, _ = client.get(directory)
-                    children = sorted(client.get_children(directory), key=_seq)
-                    if not children:
-                        continue
-                    data, stat = client.get(f"{directory}/{children[0]}")
-                except NoNodeError:
-                    continue
-                name = _unpack_name(raw_name)
-                if not name.startswith(prefix):
-                    continue
-                try:
-                    info = json.loads(data)
-                except ValueError:
-                    continue
-                expires = stat.mtime + int(info.get("x", 0))
-                if info.get("s") != "h" or expires < now:
-                    continue  # between holders, or expired
-                utc = timezone.utc
-                yield Holder(
-                    backend=self.alias,
-                    name=name,
-                    token=children[0].rsplit("-", 1)[0],
-                    host=str(info.get("h", "")),
-                    pid=info.get("p"),
-                    thread=str(info.get("th", "")),
-                    acquired_at=datetime.fromtimestamp(
-                        int(info.get("a") or stat.ctime) / 1000, utc
-                    ),
-                    expires_at=datetime.fromtimestamp(
-                        time.time() + (expires - now) / 1000, utc
-                    ),
-                    fencing_token=stat.czxid,
-                )
-
-    def force_release(self, name: str, token: str) -> bool:
-        from kazoo.exceptions import NoNodeError
-
-        directory = self._dir(name)
-        with self._guard("release a lock"):
-            client = self.client
-            try:
-                children = client.get_children(directory)
-            except NoNodeError:
-                return False
-            for child in children:
-                if child.rsplit("-", 1)[0] == token:
-                    try:
-                        client.delete(f"{directory}/{child}")
-                    except NoNodeError:
-                        return False
-                    return True
-        return False
-
-    def clear_stale(self) -> int:
-        """Delete contender nodes past their window, and empty lock nodes."""
-        from kazoo.exceptions import BadVersionError, NoNodeError, NotEmptyError
-
-        removed = 0
-        with self._guard("clear stale locks"):
-            client = self.client
-            now = self._server_now(client)
-            for digest in self._lock_dirs(client):
-                directory = f"{self.root}/{digest}"
-                try:
-                    children = client.get_children(directory)
-                except NoNodeError:
-                    continue
-                for child in children:
-                    path = f"{directory}/{child}"
-                    try:
-                        data, stat = client.get(path)
-                        _, window = self._window(data)
-                        if stat.mtime + window < now:
-                            client.delete(path, version=stat.version)
-                            removed += 1
-                    except (NoNodeError, BadVersionError):
-                        continue
-                try:
-                    client.delete(directory)
-                except (NoNodeError, NotEmptyError):
-                    pass
-        return removed
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000 + 0.999))

@@ -1,16 +1,17 @@
-"""System checks of a ZooKeeper ``LOCKS`` entry (``distlock.E016``)."""
+"""System checks of a ZooKeeper ``LOCKS`` entry (``distlock.E016``).
+
+Its OPTIONS are checked by the schema the backend declares.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_entry"]
+__all__ = ["check_location"]
 
 
-def check_entry(
-    alias: str, params: dict[str, Any], option_keys: set[str], backend: str
-) -> list:
-    """Return the errors of ``LOCKS[alias]`` for the ZooKeeper backend."""
+def check_location(alias: str, params: dict[str, Any]) -> list:
+    """Return the errors of the ZooKeeper ``LOCATION`` of ``LOCKS[alias]``."""
     from django.core.checks import Error
 
     where = f"LOCKS[{alias!r}]"
@@ -33,24 +34,5 @@ def check_entry(
             f"{where}['LOCATION'] must be 'host:port[,host:port...]' or a list "
             f"of 'host:port', not {location!r}.",
             "For example '10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181'.",
-        )
-    options = params.get("OPTIONS") or {}
-    unknown = sorted(set(options) - option_keys)
-    if unknown:
-        error(
-            f"{where}['OPTIONS'] has unknown keys: {unknown}.",
-            f"{backend} accepts {sorted(option_keys)}.",
-        )
-    for key in ("SESSION_TIMEOUT", "CONNECT_TIMEOUT"):
-        value = options.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            error(
-                f"{where}['OPTIONS'][{key!r}] must be a positive number of seconds.",
-                "SESSION_TIMEOUT bounds how long a dead process keeps its locks.",
-            )
-    if not isinstance(options.get("KAZOO_KWARGS", {}), dict):
-        error(
-            f"{where}['OPTIONS']['KAZOO_KWARGS'] must be a dict.",
-            "It is passed to kazoo's KazooClient as keyword arguments.",
         )
     return errors

@@ -1,0 +1,70 @@
+"""Worker functions for the cross-process shared-lock and semaphore tests.
+
+Run through :mod:`tests.procs` (spawned processes with the parent's LOCKS).
+They call the backend directly (``backend.acquire(name, ttl, timeout, kind)``)
+and return their critical sections as ``(start, end, pid, mode)`` in
+:func:`time.monotonic` time, which is system-wide on Linux.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def _barrier(directory: str, parties: int) -> None:
+    """Wait until ``parties`` workers have arrived (files in ``directory``)."""
+    Path(directory, str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(directory)) < parties:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other workers never arrived")
+        time.sleep(0.01)
+
+
+def kind_worker(
+    name: str,
+    mode: str,
+    limit: int | None,
+    iterations: int,
+    hold: float,
+    barrier: str,
+    parties: int,
+) -> list[tuple[float, float, int, str]]:
+    """Take ``name`` ``iterations`` times as ``mode`` and hold it ``hold`` s.
+
+    ``mode`` is "shared", "exclusive" or "permit" (of ``limit``). Return the
+    critical sections.
+    """
+    from django_distlock import locks
+    from django_distlock.backends.base import EXCLUSIVE, SHARED, permit
+
+    backend = locks["default"]
+    kind = {"shared": SHARED, "exclusive": EXCLUSIVE}.get(mode) or permit(limit)
+    _barrier(barrier, parties)
+    intervals = []
+    for _ in range(iterations):
+        lease = backend.acquire(name, 30.0, 60.0, kind)
+        assert lease is not None, f"{mode} not acquired within 60 s"
+        start = time.monotonic()
+        time.sleep(hold)
+        end = time.monotonic()
+        assert backend.release(lease)
+        intervals.append((start, end, os.getpid(), mode))
+    return intervals
+
+
+def hold_permit_forever(name: str, limit: int, ttl: float, ready_path: str) -> None:
+    """Take a permit of ``name`` (not renewed), say so in ``ready_path``, and
+    sleep until killed."""
+    from django_distlock import locks
+    from django_distlock.backends.base import permit
+
+    lease = locks["default"].acquire(name, ttl, 30.0, permit(limit))
+    assert lease is not None
+    partial = Path(ready_path + ".partial")
+    partial.write_text(lease.token)
+    os.replace(partial, ready_path)
+    while True:
+        time.sleep(1)
