@@ -796,3 +796,50 @@ def test_kind_strings():
     assert re.fullmatch(
         r"<Semaphore 'r' limit=2 using='default' unheld>", repr(semaphore("r", 2))
     )
+
+
+# -- the surface on every surface backend ------------------------------------------
+
+
+def offers(*modes: str) -> None:
+    """Skip unless the default alias's backend offers ``modes`` (not yet all do)."""
+    missing = set(modes) - set(locks["default"].kinds)
+    if missing:
+        pytest.skip(f"{type(locks['default']).__name__} offers no {sorted(missing)}")
+
+
+@override_settings(ROOT_URLCONF="tests.urls_kinds")
+def test_views_and_listing_on_each_backend(backend_kind):
+    offers("shared", "permit")
+    client = Client()
+    handles = [
+        lock("doc:9", shared=True, timeout=0),
+        lock("doc:9", shared=True, timeout=0),
+        semaphore("export:t9", 2, ttl=20, timeout=0),
+        semaphore("export:t9", 2, ttl=30, timeout=0),
+    ]
+    assert all(h.acquire() for h in handles)
+    listed = json.loads(run_command("list", "--format", "json"))
+    assert sorted((r["name"], r["kind"], r["limit"]) for r in listed) == [
+        ("doc:9", "shared", None),
+        ("doc:9", "shared", None),
+        ("export:t9", "permit", 2),
+        ("export:t9", "permit", 2),
+    ]
+    table = run_command("list")
+    assert table.count(" shared ") == 2
+    assert " permit 1 of 2 " in table and " permit 2 of 2 " in table
+    assert client.get("/write/9/").status_code == 423
+    response = client.get("/export/t9/")
+    assert response.status_code == 429
+    assert 1 <= int(response["Retry-After"]) <= 20
+    out = run_command("clear", "doc:9", "export:t9", "--noinput")
+    assert "Cleared 4 lock(s)." in out
+    assert client.get("/export/t9/").status_code == 200
+    assert client.get("/write/9/").status_code == 200
+    for handle in handles:
+        with pytest.raises(LockNotHeld):  # LockLost: cleared
+            handle.release()
+    with lock("doc:9", shared=True, timeout=0):
+        assert client.get("/read/9/").status_code == 200
+        assert client.get("/write/9/").status_code == 423
