@@ -16,6 +16,7 @@ from .exceptions import (
 from .handler import locks
 from .instances import lock_for
 from .locking import Lock, lock
+from .semaphores import Semaphore, semaphore
 
 __all__ = [
     "Lock",
@@ -24,11 +25,13 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotHeld",
+    "Semaphore",
     "StaleFencingToken",
     "distributed_lock",
     "lock",
     "lock_for",
     "locks",
+    "semaphore",
 ]
 
 

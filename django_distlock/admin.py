@@ -44,7 +44,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from .backends.base import Holder
+from .backends.base import Holder, Kind
 from .exceptions import LockError
 from .handler import locks
 from .models import Lock
@@ -91,6 +91,8 @@ class _Row:
             max(0.0, holder.expires_at.timestamp() - now) if holder.expires_at else None
         )
         self.fencing_token = holder.fencing_token
+        #: "exclusive", "shared" or "permit of N".
+        self.kind = str(holder.kind)
         # Only users who may release get a reference to the lease (it carries
         # the token, signed but readable).
         self.ref = make_ref(holder) if can_release else None
@@ -105,6 +107,8 @@ def make_ref(holder: Holder) -> str:
             "t": holder.token,
             "h": holder.holder,
             "f": holder.fencing_token,
+            "k": holder.kind.mode,
+            "l": holder.kind.limit,
         },
         salt=SIGNING_SALT,
         compress=True,
@@ -288,6 +292,8 @@ class LockAdmin(admin.ModelAdmin):
                 raise PermissionDenied from None
             lease["ref"] = ref
             lease["display_name"] = _display_name(lease["n"])
+            # References made before kinds existed name exclusive leases.
+            lease["kind"] = Kind(lease.get("k", "exclusive"), lease.get("l"))
             leases.append(lease)
         if not leases:
             self.message_user(
@@ -315,9 +321,14 @@ class LockAdmin(admin.ModelAdmin):
         for lease in leases:
             alias, name = lease["b"], lease["n"]
             try:
-                done = alias in locks.settings and locks[alias].force_release(
-                    name, lease["t"]
+                kind = lease["kind"]
+                # The kind only where it matters: one holder of a shared lock
+                # or one permit; a backend offering exclusive locks alone may
+                # not take it.
+                args = (
+                    (name, lease["t"]) if kind.exclusive else (name, lease["t"], kind)
                 )
+                done = alias in locks.settings and locks[alias].force_release(*args)
             except (LockError, OSError) as exc:
                 self.message_user(
                     request,
@@ -335,13 +346,22 @@ class LockAdmin(admin.ModelAdmin):
             self.log_change(
                 request,
                 Lock(name=_display_name(name, 200)),
-                _(
-                    "Force-released lock %(name)s on backend %(alias)s "
-                    "(holder %(holder)s, fencing token %(fence)s)."
+                (
+                    _(
+                        "Force-released lock %(name)s on backend %(alias)s "
+                        "(holder %(holder)s, fencing token %(fence)s)."
+                    )
+                    if kind.exclusive
+                    else _(
+                        "Force-released one holder (%(kind)s) of %(name)s on "
+                        "backend %(alias)s (holder %(holder)s, fencing token "
+                        "%(fence)s)."
+                    )
                 )
                 % {
                     "name": repr(_display_name(name, 100)),
                     "alias": repr(alias),
+                    "kind": kind,
                     "holder": lease["h"],
                     "fence": lease["f"],
                 },

@@ -12,5 +12,5 @@ class DistlockConfig(AppConfig):
     def ready(self) -> None:
         from . import (
             checks,  # noqa: F401  (registers the checks)
-            decorators,  # noqa: F401  (registers the URL placeholder check)
+            view_checks,  # noqa: F401  (registers the view decorator's checks)
         )

@@ -32,15 +32,19 @@ distlock.E018  django_distlock is imported but not in ``INSTALLED_APPS``
                (registered in ``handler.py``).
 distlock.E019  The backend's driver (redis-py, kazoo) is not installed.
 distlock.E020  A ``distributed_lock`` placeholder matches no URL kwarg of a route
-               to the view (registered in ``decorators.py``).
-distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``decorators.py``).
+               to the view (registered in ``view_checks.py``).
+distlock.E021  ``DISTLOCK_LOCKED_VIEW`` cannot be imported (``view_checks.py``).
 distlock.E022  A ``distributed_lock`` view's ``using=`` names no ``LOCKS`` alias
-               (``decorators.py``).
+               (``view_checks.py``).
 distlock.E023  A ``distributed_lock`` view's ``ttl=``, ``timeout=``,
-               ``auto_renew=`` or ``max_hold=`` is invalid (``decorators.py``).
+               ``auto_renew=`` or ``max_hold=`` is invalid (``view_checks.py``).
 distlock.E024  ``MAX_HOLD`` is not None or a positive number.
 distlock.E025  ``OPTIONS["CACHE"]`` with connection options of the lock's own beside
                it (``backends/redis/checks.py``).
+distlock.E026  A ``distributed_lock`` view has both ``shared=`` and ``limit=``,
+               or a ``limit=`` that is not an int >= 1 (``view_checks.py``).
+distlock.E027  A ``distributed_lock`` view asks for a kind (shared, semaphore)
+               its alias's backend does not offer (``view_checks.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.

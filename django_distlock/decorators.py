@@ -12,13 +12,19 @@ dotted path to a view ``(request, exception)`` in the manner of Django's
 :class:`~django_distlock.exceptions.LockNotAcquired` or a
 :class:`~django_distlock.exceptions.LockBackendError`.
 
-System checks: ``distlock.E020`` when a name template's ``<placeholder>``
-matches no URL kwarg of a route to the view (the request would fail with
-ImproperlyConfigured), ``distlock.E021`` when ``DISTLOCK_LOCKED_VIEW`` cannot
-be imported, ``distlock.E022`` when ``using=`` names no ``LOCKS`` alias and
-``distlock.E023`` when ``ttl=``, ``timeout=``, ``auto_renew=`` or ``max_hold=``
-is invalid
-(those two also fail the request, should it come).
+System checks (:mod:`django_distlock.view_checks`): ``distlock.E020`` when a
+name template's ``<placeholder>`` matches no URL kwarg of a route to the view
+(the request would fail with ImproperlyConfigured), ``distlock.E021`` when
+``DISTLOCK_LOCKED_VIEW`` cannot be imported, ``distlock.E022`` when ``using=``
+names no ``LOCKS`` alias and ``distlock.E023`` when ``ttl=``, ``timeout=``,
+``auto_renew=`` or ``max_hold=`` is invalid (those two also fail the request,
+should it come), ``distlock.E026`` when ``shared=`` and ``limit=`` are both
+given or ``limit=`` is not an int >= 1, and ``distlock.E027`` when the alias's
+backend does not offer shared locks or semaphores (both fail the request too).
+
+``shared=True`` runs the view under a shared lease; ``limit=N`` under one of
+``N`` permits of a semaphore, and a full semaphore answers ``429 Too Many
+Requests`` (with ``Retry-After``) instead of ``423 Locked``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction as asgiref_iscoroutinefunction
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 from django.http import HttpRequest, HttpResponse
@@ -45,6 +50,7 @@ from .handler import DEFAULT_LOCK_ALIAS
 from .instances import RELEASE_ON_COMMIT, RELEASE_ON_EXIT, OnCommitLock
 from .locking import DEFAULT, Lock
 from .options import option_problems
+from .semaphores import Semaphore
 
 __all__ = [
     "RETRY_AFTER_LOCKED",
@@ -70,6 +76,8 @@ LockedHandler = Callable[[HttpRequest, Exception], HttpResponse]
 def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Answer a request whose lock could not be taken: 423, or 503 if down.
 
+    A semaphore whose permits were all held answers 429 Too Many Requests.
+
     This is the default of the ``DISTLOCK_LOCKED_VIEW`` setting.
     """
     if isinstance(exception, LockBackendError):
@@ -79,6 +87,13 @@ def locked_view(request: HttpRequest, exception: Exception) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
         )
         response["Retry-After"] = str(RETRY_AFTER_UNAVAILABLE)
+    elif getattr(getattr(exception, "kind", None), "mode", None) == "permit":
+        response = HttpResponse(
+            "Too many requests are using this resource; try again shortly.\n",
+            status=429,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(retry_after(exception))
     else:
         response = HttpResponse(
             "This resource is locked by another request; try again shortly.\n",
@@ -186,6 +201,8 @@ def distributed_lock(
     on_locked: LockedHandler | None = None,
     release: str = RELEASE_ON_COMMIT,
     database: str = DEFAULT_DB_ALIAS,
+    shared: bool = False,
+    limit: int | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate a view so that it runs while holding a lock.
 
@@ -231,6 +248,14 @@ def distributed_lock(
     is held around the coroutine it returns). The lock
     is released when the view returns: a streaming response's body is
     produced after that.
+
+    ``shared=True`` holds a shared lease of the name while the view runs
+    (views that only read side by side, excluding an exclusive writer);
+    ``limit=N`` holds one of ``N`` permits of the semaphore of that name
+    (at most N requests in the view at once; when all are taken the answer
+    is ``429 Too Many Requests`` with ``Retry-After`` from the permit that
+    expires first). The two are mutually exclusive. A permit is released
+    when the view returns, whatever ``release`` says.
     """
 
     if release not in (RELEASE_ON_COMMIT, RELEASE_ON_EXIT):
@@ -252,15 +277,18 @@ def distributed_lock(
             max_hold=None if max_hold is DEFAULT else max_hold,
         )
     ]
+    kind_problems = _kind_problems(shared, limit)
+    mode = "permit" if limit is not None else "shared" if shared is True else None
     described = _describe(template_or_callable)
 
     def decorator(view_func: Callable) -> Callable:
         name_of = _namer(template_or_callable, view_func)
 
         def make_lock(request, args, kwargs, asynchronous: bool = False) -> Lock:
-            if problems:
+            if problems or kind_problems:
                 raise ImproperlyConfigured(
-                    f"{described} on view {_view_name(view_func)}: {problems[0]}."
+                    f"{described} on view {_view_name(view_func)}: "
+                    f"{(problems or kind_problems)[0]}."
                 )
             name = name_of(request, args, kwargs)
             options = {
@@ -270,6 +298,10 @@ def distributed_lock(
                 "auto_renew": auto_renew,
                 "max_hold": max_hold,
             }
+            if mode == "permit":
+                return Semaphore(name, limit, **options)
+            if mode == "shared":
+                options["shared"] = True
             if release == RELEASE_ON_COMMIT and not asynchronous:
                 return OnCommitLock(name, database=database, **options)
             return Lock(name, **options)
@@ -329,7 +361,7 @@ def distributed_lock(
                 return response
 
         wrapper = wraps(view_func)(_view_wrapper)
-        # For the URL checks (distlock.E020, E022, E023). wraps() copied
+        # For the URL checks (distlock.E020, E022, E023, E026, E027). wraps() copied
         # those of a decorator below this one; keep them too.
         wrapper.distributed_lock_placeholders = tuple(
             dict.fromkeys(
@@ -343,140 +375,31 @@ def distributed_lock(
         )
         wrapper.distributed_lock_options = getattr(
             wrapper, "distributed_lock_options", ()
-        ) + ((described, using if isinstance(using, str) else None, tuple(problems)),)
+        ) + (
+            (
+                described,
+                using if isinstance(using, str) else None,
+                tuple(problems),
+                tuple(kind_problems),
+                mode,
+            ),
+        )
         return wrapper
 
     return decorator
 
 
-@register(Tags.urls)
-def check_url_placeholders(app_configs=None, **kwargs) -> list[CheckMessage]:
-    """Report the ``distributed_lock`` views of the URLconf configured wrongly.
-
-    ``<name>`` placeholders that no URL pattern of the view provides
-    (distlock.E020), an unknown ``using=`` alias (E022), a bad ``ttl=``,
-    ``timeout=``, ``auto_renew=`` or ``max_hold=`` (E023).
-    """
-    from django.urls import URLPattern, URLResolver, get_resolver
-
-    errors: list[CheckMessage] = []
-
-    def needs(callback) -> list[str]:
-        # as_view() copies dispatch()'s attributes onto the view function.
-        found = list(getattr(callback, "distributed_lock_placeholders", ()))
-        view_class = getattr(callback, "view_class", None)
-        if view_class is not None:
-            for attr in view_class.http_method_names:
-                method = getattr(view_class, attr, None)
-                found += getattr(method, "distributed_lock_placeholders", ())
-        return list(dict.fromkeys(found))
-
-    def options(callback) -> list[tuple[str, Any, tuple[str, ...]]]:
-        found = list(getattr(callback, "distributed_lock_options", ()))
-        view_class = getattr(callback, "view_class", None)
-        if view_class is not None:
-            for attr in view_class.http_method_names:
-                method = getattr(view_class, attr, None)
-                found += getattr(method, "distributed_lock_options", ())
-        return list(dict.fromkeys(found))
-
-    reported: set[tuple[str, str]] = set()
-
-    def check_options(entry) -> None:
-        view = entry.lookup_str
-        for described, using, problems in options(entry.callback):
-            messages = [
-                Error(
-                    f"{described} on view {view}: {text}.",
-                    hint="Pass ttl as a positive number of seconds, timeout as "
-                    "None or a number >= 0, auto_renew as a bool.",
-                    obj=view,
-                    id="distlock.E023",
-                )
-                for text in problems
-            ]
-            # A missing "default" is distlock.E002's, a malformed LOCKS E001's.
-            if (
-                configured is not None
-                and isinstance(using, str)
-                and using != DEFAULT_LOCK_ALIAS
-                and using not in configured
-            ):
-                messages.append(
-                    Error(
-                        f"{described} on view {view}: using={using!r} is not an "
-                        "alias of settings.LOCKS.",
-                        hint=f"Use one of {sorted(configured)}, or add "
-                        f"LOCKS[{using!r}].",
-                        obj=view,
-                        id="distlock.E022",
-                    )
-                )
-            for message in messages:
-                # A view routed twice is reported once.
-                if (view, message.msg) not in reported:
-                    reported.add((view, message.msg))
-                    errors.append(message)
-
-    def walk(patterns, given: frozenset, route: str) -> None:
-        for entry in patterns:
-            names = given | set(entry.pattern.regex.groupindex)
-            names |= set(getattr(entry, "default_kwargs", {}) or {})
-            here = route + str(entry.pattern)
-            if isinstance(entry, URLResolver):
-                walk(entry.url_patterns, frozenset(names), here)
-            elif isinstance(entry, URLPattern):
-                check_options(entry)
-                names |= set(entry.default_args or {})
-                for placeholder in needs(entry.callback):
-                    if placeholder not in names:
-                        errors.append(
-                            Error(
-                                f"distributed_lock on view "
-                                f"{entry.lookup_str}: placeholder <{placeholder}> "
-                                f"matches no URL kwarg of the route {here!r}.",
-                                hint="Name the URL parameter like the placeholder, "
-                                "or build the name with a callable.",
-                                obj=entry.lookup_str,
-                                id="distlock.E020",
-                            )
-                        )
-
-    try:
-        patterns = get_resolver().url_patterns
-    except Exception:  # a broken URLconf is reported by Django's own check
-        return errors
-    configured = _configured_aliases()
-    walk(patterns, frozenset(), "")
-    return errors
-
-
-@register()
-def check_locked_view_setting(app_configs=None, **kwargs) -> list[CheckMessage]:
-    """Report a ``DISTLOCK_LOCKED_VIEW`` that cannot be imported."""
-    try:
-        _settings_handler()
-    except ImproperlyConfigured as e:
-        return [
-            Error(
-                str(e),
-                hint="Give the dotted path of a view taking (request, exception).",
-                obj="settings.DISTLOCK_LOCKED_VIEW",
-                id="distlock.E021",
-            )
-        ]
+def _kind_problems(shared: Any, limit: Any) -> list[str]:
+    """Return what is wrong with ``shared=`` and ``limit=`` (distlock.E026)."""
+    if shared is not True and shared is not False:
+        return [f"shared must be a bool, not {shared!r}"]
+    if limit is None:
+        return []
+    if shared:
+        return ["shared=True and limit= are mutually exclusive"]
+    if type(limit) is not int or limit < 1:
+        return [f"limit must be an int >= 1, not {limit!r}"]
     return []
-
-
-def _configured_aliases() -> set[str] | None:
-    """Return the ``LOCKS`` aliases, or None if ``LOCKS`` is malformed."""
-    from .handler import locks
-
-    try:
-        configured = locks.settings
-    except Exception:
-        return None
-    return set(configured) if isinstance(configured, dict) else None
 
 
 def _answered_anyway(

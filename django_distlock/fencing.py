@@ -46,7 +46,9 @@ def held_lease(held: Lock | Lease) -> Lease:
     held (or was acquired in another process), LockLost if its loss is
     already known, TypeError for anything else, and ImproperlyConfigured if
     its backend does not promise durable fencing tokens (then a fenced write
-    could not be trusted, so it is refused rather than pretended).
+    could not be trusted, so it is refused rather than pretended). A shared
+    lease or a semaphore permit is a ValueError: only an exclusive holder
+    may make fenced writes.
     """
     from .locking import Lock
     from .watchdog import report_lost
@@ -66,6 +68,14 @@ def held_lease(held: Lock | Lease) -> Lease:
     else:
         raise TypeError(
             f"fence= takes a held Lock (or its Lease), not {type(held).__name__}."
+        )
+    if not lease.kind.exclusive:
+        # Readers do not write, and a permit excludes nobody: neither token
+        # proves that no other holder writes at the same time.
+        what = "is held shared" if lease.kind.mode == "shared" else "is a permit"
+        raise ValueError(
+            f"Lock {lease.name!r} {what}; fenced writes need an exclusive lock, "
+            f"so nothing was written."
         )
     if not getattr(backend, "durable_fencing", True):
         raise ImproperlyConfigured(

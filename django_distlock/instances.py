@@ -70,7 +70,9 @@ def lock_for(
 
     ``lock_for(instance)`` or ``lock_for(Model, pk=42)``; the name is
     ``"<app_label>.<model_name>:<pk>"`` (a proxy model names its concrete
-    model). An unsaved instance is a ValueError.
+    model). An unsaved instance is a ValueError. ``shared=True`` takes a
+    shared lease of the row, as with :func:`lock` (readers of the row side by
+    side; a shared holder cannot make fenced writes).
 
     ``release="on_commit"`` keeps the lock, when the ``with`` block is left
     inside ``transaction.atomic()``, until that transaction ends: released
@@ -180,7 +182,9 @@ class OnCommitLock(Lock):
     def __enter__(self) -> OnCommitLock:
         connection = self._connection()
         if connection.in_atomic_block:
-            box = self._pending(connection).pop((self.using, self.name), None)
+            # Keyed by kind too: a pending shared lease is no exclusive one.
+            key = (self.using, self.name, self.kind)
+            box = self._pending(connection).pop(key, None)
             if box is not None and box[0] is not None:
                 handle = box[0]
                 box[0] = None
@@ -199,7 +203,7 @@ class OnCommitLock(Lock):
             return super().__exit__(exc_type, exc, tb)
         holder = Lock(self.name, **self._options())
         holder._leases.append(self._leases.pop())
-        key = (self.using, self.name)
+        key = (self.using, self.name, self.kind)
         pending = self._pending(connection)
         box = [holder, key, pending]
         pending[key] = box

@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
 import time
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
 from typing import Any
-from weakref import WeakKeyDictionary
 
-from .backends.base import BaseLockBackend, Holder, Lease, running_task
+from .backends.base import (
+    EXCLUSIVE,
+    SHARED,
+    BaseLockBackend,
+    Holder,
+    Kind,
+    Lease,
+    running_task,
+)
+from .busy import caller, held_by, not_acquired, refuse_kind
 from .exceptions import (
     InvalidLockBackendError,
     LockBackendError,
@@ -55,16 +62,6 @@ class _Default:
 #: Stands for "the alias's configured value" (``None`` means "wait forever").
 DEFAULT: Any = _Default()
 
-#: Leases of non-reentrant backends held right now -> (alias, name, thread,
-#: task) of their acquirer. Read only to explain a LockNotAcquired.
-_held_by: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def _caller() -> tuple[int, int]:
-    """Return (thread ident, id of the running asyncio task or 0)."""
-    task = running_task()
-    return threading.get_ident(), id(task) if task is not None else 0
-
 
 class Lock(ContextDecorator):
     """A handle on one named lock of one backend.
@@ -75,7 +72,11 @@ class Lock(ContextDecorator):
 
     A handle holds at most one lease at a time, except on a reentrant
     backend, where nested acquisitions stack and are released in turn.
+    ``shared=True`` takes a shared lease (see :func:`lock`).
     """
+
+    #: What the handle acquires; a subclass (Semaphore) asks for permits.
+    kind: Kind = EXCLUSIVE
 
     def __init__(
         self,
@@ -87,6 +88,7 @@ class Lock(ContextDecorator):
         auto_renew: bool | None = None,
         on_lost: str = "raise",
         max_hold: float | None = DEFAULT,
+        shared: bool = False,
     ):
         if not isinstance(name, str):
             raise TypeError(
@@ -111,6 +113,12 @@ class Lock(ContextDecorator):
             if problems:
                 error, text = problems[0]
                 raise error(f"Lock {name!r}: {text}.")
+        if shared is not False:
+            if shared is not True:
+                raise TypeError(
+                    f"Lock {name!r}: shared must be a bool, not {shared!r}."
+                )
+            self.kind = SHARED
         self.name = name
         self.using = using
         self._ttl = ttl
@@ -124,7 +132,8 @@ class Lock(ContextDecorator):
 
     def __repr__(self) -> str:
         state = "held" if self._leases else "unheld"
-        return f"<Lock {self.name!r} using={self.using!r} {state}>"
+        shared = " shared" if self.kind is SHARED else ""
+        return f"<Lock {self.name!r} using={self.using!r}{shared} {state}>"
 
     # -- resolved options -------------------------------------------------
 
@@ -217,8 +226,14 @@ class Lock(ContextDecorator):
         backend = self.backend
         wait = self._wait_for(blocking, timeout)
         started = time.monotonic()
+        kind = self.kind
         try:
-            lease = backend.acquire(self.name, self.ttl, wait)
+            if kind is EXCLUSIVE:
+                lease = backend.acquire(self.name, self.ttl, wait)
+            else:
+                lease = backend.acquire(
+                    self.name, self.ttl, wait, self._kind_of(backend)
+                )
         except LockBackendError as e:
             self._failed(backend, started, e)
             missing_table(backend, e)
@@ -263,7 +278,10 @@ class Lock(ContextDecorator):
     def __enter__(self) -> Lock:
         if not self.acquire():
             try:
-                holder = self.backend.holder_of(self.name)
+                if self.kind is EXCLUSIVE:
+                    holder = self.backend.holder_of(self.name)
+                else:
+                    holder = self.backend.holder_of(self.name, self.kind)
             except Exception:
                 holder = self._holder_unknown()
             raise self._not_acquired(holder)
@@ -295,8 +313,13 @@ class Lock(ContextDecorator):
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
+        kind = self.kind
         try:
-            lease = await backend.aacquire(self.name, ttl, wait)
+            if kind is EXCLUSIVE:
+                lease = await backend.aacquire(self.name, ttl, wait)
+            else:
+                kind = self._kind_of(backend)
+                lease = await backend.aacquire(self.name, ttl, wait, kind)
         except LockBackendError as e:
             self._failed(backend, started, e)
             await amissing_table(backend, e)
@@ -339,15 +362,23 @@ class Lock(ContextDecorator):
         wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
+        kind = self.kind
         try:
-            lease = await backend.aacquire(self.name, ttl, wait)
+            if kind is EXCLUSIVE:
+                lease = await backend.aacquire(self.name, ttl, wait)
+            else:
+                kind = self._kind_of(backend)
+                lease = await backend.aacquire(self.name, ttl, wait, kind)
         except LockBackendError as e:
             self._failed(backend, started, e)
             await amissing_table(backend, e)
             raise
         if not self._acquired(backend, lease, started, wait, asynchronous=True):
             try:
-                holder = await backend.aholder_of(self.name)
+                if kind is EXCLUSIVE:
+                    holder = await backend.aholder_of(self.name)
+                else:
+                    holder = await backend.aholder_of(self.name, kind)
             except Exception:
                 holder = self._holder_unknown()
             raise self._not_acquired(holder)
@@ -395,7 +426,7 @@ class Lock(ContextDecorator):
         return Lock(self.name, **self._options())
 
     def _options(self) -> dict[str, Any]:
-        return {
+        options = {
             "using": self.using,
             "ttl": self._ttl,
             "timeout": self._timeout,
@@ -403,6 +434,16 @@ class Lock(ContextDecorator):
             "on_lost": self.on_lost,
             "max_hold": self._max_hold,
         }
+        if self.kind is SHARED:
+            options["shared"] = True
+        return options
+
+    def _kind_of(self, backend: BaseLockBackend) -> Kind:
+        """Return the handle's kind if ``backend`` offers it, before any call."""
+        kind = self.kind
+        if kind.mode not in backend.kinds:
+            refuse_kind(self.name, kind, backend)
+        return kind
 
     def __call__(self, func):
         if iscoroutinefunction(func):
@@ -431,6 +472,7 @@ class Lock(ContextDecorator):
                     lease=None,
                     wait=waited,
                     timeout=wait,
+                    kind=self.kind.mode,
                 )
             return False
         renew = self._auto_renew
@@ -452,7 +494,7 @@ class Lock(ContextDecorator):
                 canceller = _cancellers[lease] = _Canceller(task)
                 on_loss(lease, canceller)
         if not backend.reentrant:
-            _held_by[lease] = (backend.alias, self.name, *_caller())
+            held_by[lease] = (backend.alias, self.name, *caller())
         if lock_acquired.receivers:  # skip building the call when nobody listens
             lock_acquired.send(
                 sender=type(backend),
@@ -460,6 +502,7 @@ class Lock(ContextDecorator):
                 name=self.name,
                 lease=lease,
                 wait=waited,
+                kind=lease.kind.mode,
             )
         return True
 
@@ -472,6 +515,7 @@ class Lock(ContextDecorator):
                 lease=None,
                 wait=time.monotonic() - started,
                 error=exc,
+                kind=self.kind.mode,
             )
 
     def _no_such_alias(self) -> None:
@@ -494,35 +538,7 @@ class Lock(ContextDecorator):
 
     def _not_acquired(self, holder: Holder | None) -> LockNotAcquired:
         """Return the LockNotAcquired to raise, naming ``holder`` if known."""
-        message = f"Lock {self.name!r} was not acquired within {self.timeout} s"
-        expires_in = None
-        if holder is None:
-            message += "."
-        else:
-            message += f": it is held by {holder.holder}"
-            acquired = holder.acquired_at
-            if acquired is not None:
-                message += f" since {acquired.isoformat(timespec='seconds')}"
-            expires = holder.expires_ts
-            if expires is not None:
-                expires_in = max(0.0, expires - time.time())
-                message += f", its lease expiring in {expires_in:.1f} s"
-            message += "."
-        key = (self.backend.alias, self.name, *_caller())
-        try:
-            nested = key in list(_held_by.values())
-        except RuntimeError:  # another thread changed it while it was copied
-            nested = False
-        if nested:
-            message += (
-                " This thread (or task) already holds it through another handle, "
-                f"and the {self.using!r} backend does not nest: use "
-                "django_distlock.backends.redis.ReentrantRedisLockBackend for "
-                "locks that their holder takes again."
-            )
-        return LockNotAcquired(
-            message, name=self.name, holder=holder, expires_in=expires_in
-        )
+        return not_acquired(self, holder)
 
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
@@ -545,7 +561,7 @@ class Lock(ContextDecorator):
         lease.check_owner_process()
         self._leases.pop()
         self._last_lease = lease
-        _held_by.pop(lease, None)
+        held_by.pop(lease, None)
         if self._cancel_on_lost:
             canceller = _cancellers.pop(lease, None)
             if canceller is not None:
@@ -565,6 +581,7 @@ class Lock(ContextDecorator):
                 name=self.name,
                 lease=lease,
                 held=time.time() - lease.acquired_at,
+                kind=lease.kind.mode,
             )
 
     def _lost(self, backend, lease, reason: str) -> None:
@@ -583,6 +600,7 @@ def lock(
     auto_renew: bool | None = None,
     on_lost: str = "raise",
     max_hold: float | None = DEFAULT,
+    shared: bool = False,
 ) -> Lock:
     """Return a :class:`Lock` handle for ``name`` on the ``using`` alias.
 
@@ -601,7 +619,26 @@ def lock(
     that many seconds after acquisition and the lease runs out (within one
     ``ttl``), which is reported as a loss. It defaults to the alias's
     ``MAX_HOLD``; None means no bound.
+
+    ``shared=True`` takes a shared (read) lease: shared holders of a name
+    coexist and exclude exclusive holders, which exclude everyone; once an
+    exclusive request waits, new shared requests wait behind it. A backend
+    that does not offer shared locks raises InvalidLockBackendError (an
+    ImproperlyConfigured) before any round trip. A shared holder cannot make
+    fenced writes.
     """
+    if shared is not False:
+        return Lock(
+            name,
+            using=using,
+            ttl=ttl,
+            timeout=timeout,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            shared=shared,
+        )
+    # Exclusive: the call of before shared locks, argument for argument.
     return Lock(
         name,
         using=using,

@@ -3,7 +3,10 @@
 Every signal is sent with ``sender`` the backend class and these keyword
 arguments: ``alias`` (the LOCKS alias), ``name`` (the lock name) and
 ``lease`` (the :class:`~django_distlock.backends.base.Lease`, or None where
-there is none). Some add timings:
+there is none) and ``kind``, what was asked for: ``"exclusive"``,
+``"shared"`` (a shared lock) or ``"permit"`` (a semaphore permit; the
+lease's ``kind.limit`` says of how many). Receivers should accept
+``**kwargs``, as Django asks: signals may gain arguments. Some add timings:
 
 - ``lock_acquired``: ``wait`` (seconds spent waiting).
 - ``lock_released``: ``held`` (seconds the lease was held).

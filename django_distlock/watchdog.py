@@ -91,6 +91,7 @@ def report_lost(backend: BaseLockBackend, lease: Lease, reason: str) -> None:
         lease=lease,
         held=time.time() - lease.acquired_at,
         reason=reason,
+        kind=lease.kind.mode,
     )
 
 

@@ -214,12 +214,12 @@ def test_table_layout(backend_kind):
             h.release()
     head, *rows, total = out.rstrip("\n").split("\n")
     assert total == "4 lock(s) held."
-    assert head.split() == ["BACKEND", "NAME", "HOLDER", "ACQUIRED", "AT"] + [
+    assert head.split() == ["BACKEND", "NAME", "KIND", "HOLDER", "ACQUIRED", "AT"] + [
         "EXPIRES",
         "AT",
         "FENCE",
     ]
-    starts = [head.index(c) for c in ("NAME", "HOLDER", "ACQUIRED", "EXPIRES")]
+    starts = [head.index(c) for c in ("NAME", "KIND", "HOLDER", "ACQUIRED", "EXPIRES")]
     for row in rows:
         assert row == row.rstrip()
         assert all(row[i - 2 : i] == "  " and row[i] != " " for i in starts)
@@ -227,9 +227,10 @@ def test_table_layout(backend_kind):
     assert shown == sorted(shown)
     assert "t:tab\\there" in shown
     assert ("t:" + "long" * 20)[:59] + "\u2026" in shown
-    acquired = rows[0][starts[2] : starts[3]].rstrip()
+    assert {row[starts[1] : starts[2]].rstrip() for row in rows} == {"exclusive"}
+    acquired = rows[0][starts[3] : starts[4]].rstrip()
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", acquired)
-    expires = rows[0][starts[3] :]
+    expires = rows[0][starts[4] :]
     assert re.match(r"\S+\+00:00 \(in (2\d|30)\.\ds\)  ", expires), expires
 
 

@@ -72,6 +72,7 @@ def test_spans_of_acquire_and_hold(tracing, exporter, redis_url):
     assert acquire.name == "distlock.acquire"
     assert dict(acquire.attributes) == {
         "distlock.backend": "default",
+        "distlock.kind": "exclusive",
         "distlock.name": "report:1",
         "distlock.outcome": "acquired",
         "distlock.fencing_token": token,

@@ -98,20 +98,42 @@ def test_metrics_follow_the_locks(metrics, redis_url):
     after = scrape(metrics.registry)
 
     total = "distlock_acquisitions_total"
-    assert value(during, "distlock_held", backend="default") == 1
-    assert value(during, total, backend="default", outcome="busy") == 2
-    assert value(after, total, backend="default", outcome="acquired") == 4
-    assert value(after, total, backend="default", outcome="busy") == 2
-    assert value(after, total, backend="down", outcome="error") == 1
-    assert value(after, total, backend="mem", outcome="acquired") == 1
-    assert value(after, "distlock_held", backend="default") == 0
-    assert value(after, "distlock_held", backend="mem") == 0
-    assert value(after, "distlock_lost_total", backend="mem") == 1
-    assert value(after, "distlock_lost_total", backend="default") is None
-    assert value(after, "distlock_wait_seconds_count", backend="default") == 4
-    assert value(after, "distlock_hold_seconds_count", backend="default") == 4
-    assert value(after, "distlock_hold_seconds_sum", backend="default") >= 0.03
-    assert value(after, "distlock_hold_seconds_bucket", backend="default", le="+Inf")
+    assert value(during, "distlock_held", backend="default", kind="exclusive") == 1
+    assert (
+        value(during, total, backend="default", kind="exclusive", outcome="busy") == 2
+    )
+    assert (
+        value(after, total, backend="default", kind="exclusive", outcome="acquired")
+        == 4
+    )
+    assert value(after, total, backend="default", kind="exclusive", outcome="busy") == 2
+    assert value(after, total, backend="down", kind="exclusive", outcome="error") == 1
+    assert value(after, total, backend="mem", kind="exclusive", outcome="acquired") == 1
+    assert value(after, "distlock_held", backend="default", kind="exclusive") == 0
+    assert value(after, "distlock_held", backend="mem", kind="exclusive") == 0
+    assert value(after, "distlock_lost_total", backend="mem", kind="exclusive") == 1
+    assert (
+        value(after, "distlock_lost_total", backend="default", kind="exclusive") is None
+    )
+    assert (
+        value(after, "distlock_wait_seconds_count", backend="default", kind="exclusive")
+        == 4
+    )
+    assert (
+        value(after, "distlock_hold_seconds_count", backend="default", kind="exclusive")
+        == 4
+    )
+    assert (
+        value(after, "distlock_hold_seconds_sum", backend="default", kind="exclusive")
+        >= 0.03
+    )
+    assert value(
+        after,
+        "distlock_hold_seconds_bucket",
+        backend="default",
+        kind="exclusive",
+        le="+Inf",
+    )
 
 
 def test_disconnected_metrics_stay_still(metrics):
@@ -147,10 +169,10 @@ def test_the_app_exports_on_the_default_registry(tmp_path, redis_url):
     )
     assert done.returncode == 0, done.stderr
     assert (
-        'distlock_acquisitions_total{backend="default",outcome="acquired"} 1.0'
-        in done.stdout
+        'distlock_acquisitions_total{backend="default",kind="exclusive",'
+        'outcome="acquired"} 1.0' in done.stdout
     )
-    assert 'distlock_held{backend="default"} 0.0' in done.stdout
+    assert 'distlock_held{backend="default",kind="exclusive"} 0.0' in done.stdout
 
     plain = ManagePy(tmp_path, redis_locks(redis_url))
     done = subprocess.run(

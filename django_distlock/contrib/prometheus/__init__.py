@@ -6,18 +6,20 @@ registered on prometheus_client's default registry, the one
 ``prometheus_client.start_http_server()``, ``make_wsgi_app()`` and
 django-prometheus's ``/metrics`` view expose. ``DISTLOCK_PROMETHEUS_REGISTRY``
 (a dotted path to a ``CollectorRegistry``) picks another one. Each metric has
-the label ``backend``, the ``LOCKS`` alias:
+the labels ``backend``, the ``LOCKS`` alias, and ``kind``, what was
+acquired: ``exclusive``, ``shared`` (a shared lock) or ``permit`` (a
+semaphore permit):
 
-- ``distlock_acquisitions_total{backend,outcome}``: acquisitions by outcome,
+- ``distlock_acquisitions_total{backend,outcome,kind}``: acquisitions by outcome,
   ``acquired``, ``busy`` (not acquired within the wait) or ``error`` (the
   backend could not be reached).
-- ``distlock_wait_seconds{backend}``: histogram of the wait of the
+- ``distlock_wait_seconds{backend,kind}``: histogram of the wait of the
   acquisitions that succeeded.
-- ``distlock_hold_seconds{backend}``: histogram of how long a lock was held,
+- ``distlock_hold_seconds{backend,kind}``: histogram of how long a lock was held,
   from acquisition to release.
-- ``distlock_lost_total{backend}``: leases lost while held (expired or taken
+- ``distlock_lost_total{backend,kind}``: leases lost while held (expired or taken
   over before their holder released them).
-- ``distlock_held{backend}``: gauge of the locks this process holds now.
+- ``distlock_held{backend,kind}``: gauge of the locks this process holds now.
 
 Without the app in ``INSTALLED_APPS`` nothing listens to the signals, and
 locking pays nothing for metrics.
@@ -72,33 +74,33 @@ class LockMetrics(LockSignalReceiver):
         self.acquisitions = Counter(
             "distlock_acquisitions",
             "Lock acquisitions by outcome: acquired, busy or error.",
-            ["backend", "outcome"],
+            ["backend", "outcome", "kind"],
             registry=registry,
         )
         self.wait = Histogram(
             "distlock_wait_seconds",
             "Seconds waited by the lock acquisitions that succeeded.",
-            ["backend"],
+            ["backend", "kind"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
         self.hold = Histogram(
             "distlock_hold_seconds",
             "Seconds a lock was held, from acquisition to release.",
-            ["backend"],
+            ["backend", "kind"],
             buckets=HOLD_BUCKETS,
             registry=registry,
         )
         self.lost = Counter(
             "distlock_lost",
             "Leases lost while held (expired or taken over).",
-            ["backend"],
+            ["backend", "kind"],
             registry=registry,
         )
         self.held = Gauge(
             "distlock_held",
             "Locks held by this process now.",
-            ["backend"],
+            ["backend", "kind"],
             registry=registry,
             multiprocess_mode="livesum",
         )
@@ -106,24 +108,30 @@ class LockMetrics(LockSignalReceiver):
     # Receivers: one lease is either released or lost, never both, so the
     # gauge goes down once per acquisition.
 
-    def _acquired(self, sender, alias: str, wait: float, **kwargs) -> None:
-        self.acquisitions.labels(alias, "acquired").inc()
-        self.wait.labels(alias).observe(wait)
-        self.held.labels(alias).inc()
+    # ``kind`` is absent from signals sent by code older than shared locks.
 
-    def _contended(self, sender, alias: str, **kwargs) -> None:
-        self.acquisitions.labels(alias, "busy").inc()
+    def _acquired(
+        self, sender, alias: str, wait: float, kind: str = "exclusive", **kwargs
+    ) -> None:
+        self.acquisitions.labels(alias, "acquired", kind).inc()
+        self.wait.labels(alias, kind).observe(wait)
+        self.held.labels(alias, kind).inc()
 
-    def _error(self, sender, alias: str, **kwargs) -> None:
-        self.acquisitions.labels(alias, "error").inc()
+    def _contended(self, sender, alias: str, kind: str = "exclusive", **kwargs):
+        self.acquisitions.labels(alias, "busy", kind).inc()
 
-    def _released(self, sender, alias: str, held: float, **kwargs) -> None:
-        self.hold.labels(alias).observe(held)
-        self.held.labels(alias).dec()
+    def _error(self, sender, alias: str, kind: str = "exclusive", **kwargs) -> None:
+        self.acquisitions.labels(alias, "error", kind).inc()
 
-    def _lost(self, sender, alias: str, **kwargs) -> None:
-        self.lost.labels(alias).inc()
-        self.held.labels(alias).dec()
+    def _released(
+        self, sender, alias: str, held: float, kind: str = "exclusive", **kwargs
+    ) -> None:
+        self.hold.labels(alias, kind).observe(held)
+        self.held.labels(alias, kind).dec()
+
+    def _lost(self, sender, alias: str, kind: str = "exclusive", **kwargs) -> None:
+        self.lost.labels(alias, kind).inc()
+        self.held.labels(alias, kind).dec()
 
 
 _installed: LockMetrics | None = None

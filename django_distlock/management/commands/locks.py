@@ -4,6 +4,12 @@ The command reports; the backends act (``holders``, ``force_release``,
 ``clear_stale``). Clearing removes exactly the lease that was listed: a lock
 taken again in between keeps its new holder, and fencing counters are never
 reset.
+
+The table's KIND column says ``exclusive``, ``shared``, or ``permit k of N``
+for a semaphore permit: the k-th oldest live permit of that name (by
+acquisition time) of a semaphore of N. ``clear NAME`` clears every holder
+listed under NAME: all shared holders of the lock, and every permit of the
+semaphore of the same name.
 """
 
 from __future__ import annotations
@@ -174,10 +180,19 @@ class Command(BaseCommand):
 
     def write_table(self, rows: Iterable[Holder], failed: list[str]) -> None:
         now = time.time()
-        head = ("BACKEND", "NAME", "HOLDER", "ACQUIRED AT", "EXPIRES AT", "FENCE")
+        head = (
+            "BACKEND",
+            "NAME",
+            "KIND",
+            "HOLDER",
+            "ACQUIRED AT",
+            "EXPIRES AT",
+            "FENCE",
+        )
         width = TABLE_NAME_WIDTH
         aliases: dict[str, str] = {}
         holders: dict[tuple, str] = {}  # a few processes hold most leases
+        permits: dict[tuple, list] = {}  # (alias, name) -> [(acquired, i, limit)]
         lines = []
         append = lines.append
         for h in rows:
@@ -198,16 +213,27 @@ class Command(BaseCommand):
             if expires is not None:
                 expires = f"{expires} (in {h.expires_ts - now:.1f}s)"
             fence = h.fencing_token
+            kind = h.kind.mode
+            if kind == "permit":
+                permits.setdefault((h.backend, h.name), []).append(
+                    (h.acquired_ts or 0.0, fence or 0, len(lines), h.kind.limit)
+                )
             append(
                 (
                     backend,
                     name,
+                    kind,
                     holder,
                     acquired or "-",
                     expires or "-",
                     "-" if fence is None else str(fence),
                 )
             )
+        for found in permits.values():
+            found.sort()
+            for rank, (_, _, i, limit) in enumerate(found, 1):
+                row = lines[i]
+                lines[i] = (*row[:2], f"permit {rank} of {limit}", *row[3:])
         if not lines:
             if not failed:
                 self.stdout.write("No locks are held.")
@@ -221,7 +247,7 @@ class Command(BaseCommand):
         # the backend and holder columns from their few distinct values, and
         # not the last column (digits or "-"): it is not padded, so no line
         # ends in spaces.
-        distinct = {0: aliases.values(), 2: holders.values()}
+        distinct = {0: aliases.values(), 3: holders.values()}
         widths = [
             max(
                 len(head[i]),
@@ -319,8 +345,15 @@ class Command(BaseCommand):
         for alias, holders in by_backend.items():
             backend = locks[alias]
             try:
+                # The kind only where it matters: a backend offering
+                # exclusive locks alone may take (name, token) pairs only.
                 results = backend.force_release_many(
-                    [(h.name, h.token) for h in holders]
+                    [
+                        (h.name, h.token)
+                        if h.kind.mode == "exclusive"
+                        else (h.name, h.token, h.kind)
+                        for h in holders
+                    ]
                 )
             except (LockError, OSError) as exc:
                 if alias not in failed:
