@@ -79,3 +79,29 @@ def wait_exclusive(name: str, ready_path: str) -> None:
     locks["default"].acquire(name, 30.0, 600.0)
     while True:
         time.sleep(1)
+
+
+def hold_kind(
+    name: str, mode: str, limit: int, rounds: int, hold: float, start_at: float
+) -> list[tuple[float, float, str]]:
+    """Take ``name`` ``rounds`` times as ``mode``; return the held intervals.
+
+    ``mode`` is "shared", "exclusive" or "permit" (a semaphore of ``limit``).
+    Intervals are (start, end) on the system-wide monotonic clock, taken
+    inside the held section, so two processes' intervals compare.
+    """
+    from django_distlock import lock, semaphore
+
+    while time.monotonic() < start_at:
+        time.sleep(0.001)
+    intervals = []
+    for _ in range(rounds):
+        if mode == "permit":
+            handle = semaphore(name, limit, timeout=60)
+        else:
+            handle = lock(name, shared=mode == "shared", timeout=60)
+        with handle:
+            start = time.monotonic()
+            time.sleep(hold)
+            intervals.append((start, time.monotonic(), mode))
+    return intervals
