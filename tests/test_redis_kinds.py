@@ -26,7 +26,12 @@ from django_distlock.backends.redis import (
     ReentrantRedisLockBackend,
 )
 from django_distlock.backends.redis.keys import ACQUIRE
-from django_distlock.backends.redis.sharing import MARK, SemaphoreKeys, SharedKeys
+from django_distlock.backends.redis.sharing import (
+    MARK,
+    SHARED_RELEASE,
+    SemaphoreKeys,
+    SharedKeys,
+)
 
 from . import kinds_workers
 from .cluster_servers import RedisCluster, SentinelSetup
@@ -427,6 +432,19 @@ class TestSingleServer(KindsContract):
     @pytest.fixture
     def backend(self, redis_url):
         yield from _backend({"LOCATION": redis_url})
+
+    def test_force_release_many_after_the_server_forgot_a_script(self, backend, name):
+        # A pipeline whose calls partly meet NOSCRIPT makes only those calls
+        # again: the others already ran, and a second release would find
+        # nothing and report the holder gone.
+        readers = [backend.acquire(name, TTL, 0, SHARED) for _ in range(2)]
+        permits = [backend.acquire(name, TTL, 0, permit(2)) for _ in range(2)]
+        backend.release(backend.acquire(name, TTL, 0, SHARED))
+        backend.client.script_flush()
+        backend.client.script_load(SHARED_RELEASE.source)
+        items = [(name, lease.token, lease.kind) for lease in readers + permits]
+        assert backend.force_release_many(items) == [True] * 4
+        assert [h for h in backend.holders(name) if h.name == name] == []
 
 
 @pytest.fixture(scope="module")

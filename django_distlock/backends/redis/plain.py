@@ -464,13 +464,14 @@ class RedisLockBackend(
             replies = pipe.execute(raise_on_error=False)
         except redis.exceptions.RedisError as e:
             return [e] * len(commands)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            replies = []
-            for command in commands:
+        # Only the calls the server refused for want of their script are made
+        # again: the others ran, and a script is not idempotent.
+        for i, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
                 try:
-                    replies.append(self._execute(command))
+                    replies[i] = self._execute(commands[i])
                 except LockBackendError as e:
-                    replies.append(e)
+                    replies[i] = e
         return replies
 
     async def _apipeline(self, commands: list[Command]) -> list:
@@ -485,13 +486,12 @@ class RedisLockBackend(
                 replies = await pipe.execute(raise_on_error=False)
         except (redis.exceptions.RedisError, asyncio.TimeoutError) as e:
             return [e] * len(commands)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            replies = []
-            for command in commands:
+        for i, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
                 try:
-                    replies.append(await self._aexecute(command))
+                    replies[i] = await self._aexecute(commands[i])
                 except LockBackendError as e:
-                    replies.append(e)
+                    replies[i] = e
         return replies
 
     @staticmethod
