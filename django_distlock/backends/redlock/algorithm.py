@@ -85,13 +85,14 @@ class RedlockAlgorithm:
             self.in_doubt.add((i, name, token), lasts)
 
     def _release_in_doubt(self, lease: Lease, results: list) -> None:
-        """Release ``lease`` in the background on the nodes whose reply to
-        its release was lost (asked, no answer); nodes the step was decided
+        """Release ``lease`` in the background on the nodes that did not
+        answer its release: their reply was lost, or they were skipped as
+        down (the release never reached them). Nodes the step was decided
         without (:data:`UNREAD`) answer with the connection's next use."""
         lost = {
             i
             for i, r in enumerate(results)
-            if isinstance(r, Failed) and r.asked and r is not UNREAD
+            if isinstance(r, Failed) and r is not UNREAD
         }
         if lost:
             # A node's lease lasts at most ttl after its last renewal, which
