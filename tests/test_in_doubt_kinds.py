@@ -246,6 +246,44 @@ def test_frozen_cluster_primary_leaves_no_permit(redis_cluster):
             locks.reset()
 
 
+# -- Sentinel ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sentinel_setup():
+    from .cluster_servers import SentinelSetup
+
+    setup = SentinelSetup().start()
+    yield setup
+    setup.stop()
+
+
+def test_frozen_primary_behind_sentinel_leaves_no_shared_grant(sentinel_setup):
+    """The frozen-server scenario for a shared attempt through Sentinel
+    (frozen for less than the sentinels' down-after time: no failover)."""
+    port = sentinel_setup.current_primary_port()
+    primary = next(
+        s for s in (sentinel_setup.primary, sentinel_setup.replica) if s.port == port
+    )
+    options = {
+        "SENTINELS": sentinel_setup.sentinels,
+        "SERVICE_NAME": sentinel_setup.SERVICE,
+    }
+    setting = {
+        "default": {"BACKEND": PLAIN, "OPTIONS": options},
+        "direct": {"BACKEND": PLAIN, "LOCATION": primary.url},
+    }
+    with override_settings(LOCKS=setting):
+        try:
+            seconds = frozen_scenario(
+                "sentinel-frozen", SHARED, primary.pause, primary.resume
+            )
+            report("sentinel primary, frozen, shared", seconds)
+            assert seconds < PROMPTLY, "the grant was left to expire"
+        finally:
+            locks.reset()
+
+
 # -- Redlock: each node --------------------------------------------------------
 
 

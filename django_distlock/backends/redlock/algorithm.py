@@ -89,15 +89,10 @@ class RedlockAlgorithm:
         answer its release: their reply was lost, or they were skipped as
         down (the release never reached them). Nodes the step was decided
         without (:data:`UNREAD`) answer with the connection's next use."""
-        lost = {
-            i
-            for i, r in enumerate(results)
-            if isinstance(r, Failed) and r is not UNREAD
-        }
-        if lost:
-            # A node's lease lasts at most ttl after its last renewal, which
-            # was sent before this release.
-            for i in lost:
+        for i, r in enumerate(results):
+            if isinstance(r, Failed) and r is not UNREAD:
+                # A node's lease lasts at most ttl after its last renewal,
+                # which was sent before this release.
                 self.in_doubt.add((i, lease.name, lease.token), lease.ttl)
 
     def _cancel_in_doubt(self, items: list[tuple[int, str, str]]) -> list[bool]:
