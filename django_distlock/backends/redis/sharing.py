@@ -21,9 +21,11 @@ as the exclusive ones are.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Awaitable, Generator
+from functools import cached_property
 from typing import Any
 
 from asgiref.sync import markcoroutinefunction
@@ -31,12 +33,15 @@ from asgiref.sync import markcoroutinefunction
 from ...keys import encode_name
 from ..base import EXCLUSIVE, Kind, Lease, holder_identity, new_token
 from ..scripts import LuaScript, load_script
-from .keys import EXTEND, ms
+from .indoubt import InDoubt
+from .keys import EXTEND, RELEASE, ms
 
 __all__ = ["MARK", "RedisKinds", "SemaphoreKeys", "SharedKeys"]
 
 _HERE = __name__.rpartition(".")[0]
 _COMMON = load_script(_HERE, "kinds_common").source
+
+release_log = logging.getLogger("django_distlock.release")
 
 #: The lease hash's ``t`` while shared holders hold the lock.
 MARK = "*shared"
@@ -54,6 +59,7 @@ PERMIT_RELEASE = _with_common("kinds_permit_release")
 HELD = _with_common("kinds_held")
 LIST_KIND = _with_common("kinds_list")
 PURGE = _with_common("kinds_purge")
+LEAVE = load_script(_HERE, "kinds_leave")
 
 #: How long after its expected next call a waiter's queue record stays valid.
 WAITER_GRACE_MS = 1000
@@ -241,14 +247,22 @@ class RedisKinds:
                 args[6] = ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
                 code, value = yield ("eval", keys.acquire, keys.five, args)
         except GeneratorExit:
-            raise  # closed by the executor: no clean-up wanted (backend down)
+            # Closed by the executor: the server did not answer, but it may
+            # have granted or queued the attempt all the same. Cancelled in
+            # the background once it answers (no round trip here).
+            self._kind_in_doubt(name, token, ttl, kind)
+            raise
         except BaseException:
             # Interrupted after the request may have reached the server: leave
             # the queue and give back what was granted meanwhile.
             args[6], args[8] = 0, 1
-            got, _ = yield ("eval", keys.acquire, keys.five, args)
-            if got == 1:
-                yield ("eval", keys.release, keys.five, [token, keys.wake])
+            try:
+                got, _ = yield ("eval", keys.acquire, keys.five, args)
+                if got == 1:
+                    yield ("eval", keys.release, keys.five, [token, keys.wake])
+            except GeneratorExit:
+                self._kind_in_doubt(name, token, ttl, kind)
+                raise
             raise
         if code == -1:
             raise ValueError(
@@ -266,6 +280,64 @@ class RedisKinds:
             deadline=sent + ttl,
             kind=kind,
         )
+
+    # -- acquisitions whose outcome is unknown ----------------------------
+
+    @cached_property
+    def kinds_in_doubt(self) -> InDoubt:
+        """Return the canceller of in-doubt shared and permit acquisitions.
+
+        Apart from the exclusive one (:attr:`in_doubt`), whose path stays
+        as it is; a thread only runs while something is pending.
+        """
+        return InDoubt(f"redis-{self.alias}-kinds", self._cancel_kinds_in_doubt)
+
+    def _kind_in_doubt(self, name: str, token: str, ttl: float, kind: Kind) -> None:
+        # As the exclusive case: a grant lasts ttl, a queue record may be
+        # handed a grant for one wait slice and its grace.
+        lasts = ttl + self.max_wait_slice + WAITER_GRACE_MS / 1000
+        self.kinds_in_doubt.add((name, token, kind.mode == "permit"), lasts)
+
+    def _cancel_kinds_in_doubt(self, items: list[tuple[str, str, bool]]) -> list[bool]:
+        """Cancel in-doubt shared and permit attempts in one pipelined round trip.
+
+        Per attempt: leave the queue (:file:`kinds_leave.lua`), then the
+        kind's release script with the attempt's token; for a shared one,
+        also the exclusive release, as an exclusive release may have handed
+        the lease itself to the shared waiter. Each release compares the
+        token, so it never touches another holder's lease.
+        """
+        commands: list[tuple] = []
+        spans: list[tuple[int, int]] = []
+        for name, token, permit in items:
+            lock_keys = self.keys_for(name)
+            keys = SemaphoreKeys(lock_keys) if permit else SharedKeys(lock_keys)
+            start = len(commands)
+            queue, records = keys.five[1], keys.five[2]
+            commands.append(
+                ("eval", LEAVE, (queue, records, keys.wake + token), [token])
+            )
+            commands.append(("eval", keys.release, keys.five, [token, keys.wake]))
+            if not permit:
+                commands.append(
+                    ("eval", RELEASE, lock_keys.triple, [token, lock_keys.wake_prefix])
+                )
+            spans.append((start, len(commands)))
+        replies = self._pipeline(commands)
+        done = []
+        for (name, _token, permit), (start, end) in zip(items, spans):
+            answered = replies[start:end]
+            ok = not any(isinstance(r, Exception) for r in answered)
+            if ok and any(answered):
+                release_log.info(
+                    "Cancelled a %s acquisition of %r whose reply was lost "
+                    "(Redis lock backend %r).",
+                    "permit" if permit else "shared",
+                    name,
+                    self.alias,
+                )
+            done.append(ok)
+        return done
 
     def _kind_release_steps(self, lease: Lease) -> Generator[tuple, Any, bool]:
         keys = self._kind_keys(lease.name, lease.kind)

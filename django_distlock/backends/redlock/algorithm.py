@@ -29,6 +29,8 @@ from .steps import (
     MAX_WAIT_SLICE,
     NO_QUORUM_GRACE,
     RELEASE,
+    SHARED_MARK,
+    UNREAD,
     WAITER_GRACE_MS,
     Block,
     Failed,
@@ -82,9 +84,21 @@ class RedlockAlgorithm:
         for i in nodes:
             self.in_doubt.add((i, name, token), lasts)
 
+    def _release_in_doubt(self, lease: Lease, results: list) -> None:
+        """Release ``lease`` in the background on the nodes that did not
+        answer its release: their reply was lost, or they were skipped as
+        down (the release never reached them). Nodes the step was decided
+        without (:data:`UNREAD`) answer with the connection's next use."""
+        for i, r in enumerate(results):
+            if isinstance(r, Failed) and r is not UNREAD:
+                # A node's lease lasts at most ttl after its last renewal,
+                # which was sent before this release.
+                self.in_doubt.add((i, lease.name, lease.token), lease.ttl)
+
     def _cancel_in_doubt(self, items: list[tuple[int, str, str]]) -> list[bool]:
-        """Cancel in-doubt attempts: one round trip per node, for all of its
-        attempts (drop the waiter record, release the token's lease)."""
+        """Cancel in-doubt attempts and releases: one round trip per node, for
+        all of its items (drop the waiter record, release the token's lease:
+        the shared release for a reader's token)."""
         by_node: dict[int, list[int]] = {}
         for k, (i, _name, _token) in enumerate(items):
             by_node.setdefault(i, []).append(k)
@@ -92,9 +106,13 @@ class RedlockAlgorithm:
         for i, ks in by_node.items():
             commands = []
             for k in ks:
-                keys = self.keys_for(items[k][1])
-                commands.append(("ZREM", keys[2], items[k][2]))
-                commands.append(self._release_command(keys, items[k][2]))
+                _i, name, token = items[k]
+                keys = self.keys_for(name)
+                commands.append(("ZREM", keys[2], token))
+                if token.startswith(SHARED_MARK):
+                    commands.append(self._shared_release_command(name, token))
+                else:
+                    commands.append(self._release_command(keys, token))
             replies = self._execute(Fanout(commands, nodes=[i], force=True))[i]
             if isinstance(replies, Failed):
                 continue
@@ -102,8 +120,8 @@ class RedlockAlgorithm:
                 done[k] = True
                 if replies[2 * n + 1]:
                     release_log.info(
-                        "Cancelled an acquisition of lock %r on node %s whose "
-                        "reply was lost (Redlock backend %r).",
+                        "Gave back a lease of lock %r on node %s whose reply "
+                        "was lost (Redlock backend %r).",
                         items[k][1],
                         self.nodes[i].url,
                         self.alias,
@@ -414,6 +432,8 @@ class RedlockAlgorithm:
         else:
             command = self._shared_release_command(lease.name, lease.token)
         ok, failed, results = yield from self._quorum_steps(command, lease.name)
+        if failed:
+            self._release_in_doubt(lease, results)
         if ok >= self.quorum:
             return True
         if len(self.nodes) - failed < self.quorum:

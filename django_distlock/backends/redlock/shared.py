@@ -84,6 +84,9 @@ class RedlockShared:
         quorum = self.quorum
         registered = False
         no_quorum_since = None
+        # Nodes that may hold a shared lease or a waiter record of this
+        # attempt that nobody will release: asked, no answer, not undone.
+        doubt: set[int] = set()
         try:
             while True:
                 sent = time.monotonic()
@@ -104,6 +107,7 @@ class RedlockShared:
                 if len(granted) >= quorum:
                     drift = ttl * self.drift_factor + 0.002
                     if ttl - (time.monotonic() - sent) - drift > 0:
+                        doubt = set()  # the lease's release frees them
                         return Lease(
                             alias=self.alias,
                             name=name,
@@ -116,7 +120,10 @@ class RedlockShared:
                 if granted or failed:
                     # Undo everywhere it may have been set (a late reply may
                     # hide a grant).
-                    yield Fanout([self._shared_release_command(name, token)])
+                    undone = yield Fanout([self._shared_release_command(name, token)])
+                    doubt |= {i for i, r in enumerate(results) if _asked(r)}
+                    doubt |= {i for i, _f in granted}
+                    doubt = {i for i in doubt if isinstance(undone[i], Failed)}
                 now = time.monotonic()
                 if len(granted) + len(busy) < quorum:
                     no_quorum_since = no_quorum_since or now
@@ -142,13 +149,19 @@ class RedlockShared:
         except LockBackendError:
             raise
         except BaseException:
-            yield Fanout(
+            undone = yield Fanout(
                 [
                     ("ZREM", waiters_key, token),
                     self._shared_release_command(name, token),
                 ]
             )
+            doubt = {i for i, r in enumerate(undone) if isinstance(r, Failed)}
             raise
+        finally:
+            if doubt:
+                # Cancelled in the background on each such node once it
+                # answers again, as an exclusive attempt is.
+                self._in_doubt(name, token, ttl, doubt)
 
     def _shared_is_held_steps(self, lease: Lease) -> Generator[Any, Any, bool]:
         key = self.keys_for(lease.name)[0]
@@ -168,3 +181,8 @@ class RedlockShared:
         if held >= self.quorum:
             return True
         return held + failed >= self.quorum and time.monotonic() < lease.deadline
+
+
+def _asked(result: object) -> bool:
+    """Whether a node's ``result`` leaves the step's outcome there unknown."""
+    return isinstance(result, Failed) and result.asked
