@@ -43,6 +43,8 @@ RELEASE_SECONDS = float(os.environ.get("DISTLOCK_TORTURE_RELEASE_SECONDS") or 0)
 #: Lock names of a release-mode run that names none (more names, less
 #: waiting for each other: more sections per second on the same load).
 RELEASE_NAMES = [f"torture:{c}" for c in "abcdefgh"]
+#: Workers of a release-mode run that asks for the default three.
+RELEASE_WORKERS = int(os.environ.get("DISTLOCK_TORTURE_RELEASE_WORKERS") or 3)
 LONG = LONG_MINUTES > 0 or RELEASE
 #: The availability target after a fault: the name is acquirable again within
 #: this many seconds of the fault's end (or the lease's TTL, when longer).
@@ -263,7 +265,7 @@ class Run:
         env: Env,
         tmp_path: Path,
         *,
-        workers: int = 3,
+        workers: int | None = None,
         names: list[str] | None = None,
         records: tuple[str, ...] = ("fenced",),
         ttl: float = 1.0,
@@ -284,6 +286,8 @@ class Run:
         self.probe_free_after: float | None = None
         if names is None and RELEASE:
             names = RELEASE_NAMES
+        if workers is None:
+            workers = RELEASE_WORKERS if RELEASE else 3
         self.dir = tmp_path / "run"
         self.log_dir = self.dir / "logs"
         self.log_dir.mkdir(parents=True)
