@@ -34,7 +34,23 @@ from .workers import record_key, servant
 
 #: Long mode: ``DISTLOCK_TORTURE_MINUTES`` set (by ``scripts/torture --long``).
 LONG_MINUTES = float(os.environ.get("DISTLOCK_TORTURE_MINUTES") or 0)
-LONG = LONG_MINUTES > 0
+#: Release mode (``scripts/torture --release``): long mode, and every run keeps
+#: its workers going until it checked ``RELEASE_SECTIONS`` critical sections
+#: (half before the fault, half after it) or ran ``RELEASE_SECONDS`` longer.
+RELEASE = bool(os.environ.get("DISTLOCK_TORTURE_RELEASE"))
+RELEASE_SECTIONS = int(os.environ.get("DISTLOCK_TORTURE_RELEASE_SECTIONS") or 0)
+RELEASE_SECONDS = float(os.environ.get("DISTLOCK_TORTURE_RELEASE_SECONDS") or 0)
+#: Lock names of a release-mode run that names none (more names, less
+#: waiting for each other: more sections per second on the same load).
+RELEASE_NAMES = [f"torture:{c}" for c in "abcdefgh"]
+#: Workers of a release-mode run that asks for the default three.
+RELEASE_WORKERS = int(os.environ.get("DISTLOCK_TORTURE_RELEASE_WORKERS") or 3)
+LONG = LONG_MINUTES > 0 or RELEASE
+#: The availability target after a fault: the name is acquirable again within
+#: this many seconds of the fault's end (or the lease's TTL, when longer).
+AVAILABILITY_TARGET = 2.0
+#: How long the prober keeps trying after a fault before it gives up.
+PROBE_LIMIT = 30.0
 #: Phase lengths are multiplied by this in long mode.
 SCALE = 2.0 if LONG else 1.0
 #: Where verdicts are appended as JSON lines (set by ``scripts/torture``).
@@ -249,7 +265,7 @@ class Run:
         env: Env,
         tmp_path: Path,
         *,
-        workers: int = 3,
+        workers: int | None = None,
         names: list[str] | None = None,
         records: tuple[str, ...] = ("fenced",),
         ttl: float = 1.0,
@@ -259,9 +275,19 @@ class Run:
         record_redis: str | None = None,
         extra: dict | None = None,
         per_worker: dict[int, dict] | None = None,
+        extend: bool = True,
     ):
         self.scenario = scenario
         self.env = env
+        self.ttl = ttl
+        # Release mode lengthens the run to its share of the sections.
+        self.extend = RELEASE and extend and (RELEASE_SECTIONS or RELEASE_SECONDS) > 0
+        self.started: float | None = None
+        self.probe_free_after: float | None = None
+        if names is None and RELEASE:
+            names = RELEASE_NAMES
+        if workers is None:
+            workers = RELEASE_WORKERS if RELEASE else 3
         self.dir = tmp_path / "run"
         self.log_dir = self.dir / "logs"
         self.log_dir.mkdir(parents=True)
@@ -318,6 +344,7 @@ class Run:
         for servant_, cfg in zip(self.procs, self.configs):
             servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
         _ACTIVE.append(self)
+        self.started = time.monotonic()
         deadline = time.monotonic() + 120
         while len(self.events("ready")) < len(self.procs):
             if time.monotonic() > deadline:
@@ -335,8 +362,62 @@ class Run:
         return [e["pid"] for e in self.events("ready")]
 
     def load(self, seconds: float) -> None:
-        """Let the workers run for ``seconds`` (scaled in long mode)."""
+        """Let the workers run for ``seconds`` (scaled in long mode).
+
+        In release mode the first load before the fault also runs until half
+        of the run's sections are done.
+        """
         time.sleep(seconds * SCALE)
+        if self.extend and self.fault_start is None:
+            self.extend_to(0.5)
+
+    def section_count(self) -> int:
+        """Return how many critical sections the workers logged so far
+        (cheaply: counts log lines, without parsing them)."""
+        return sum(
+            path.read_bytes().count(b'"k": "cs"')
+            for path in self.log_dir.glob("*.jsonl")
+        )
+
+    def extend_to(self, share: float) -> None:
+        """Release mode: let the workers run until ``share`` of the run's
+        sections are done, or ``share`` of its extra seconds went by."""
+        assert self.started is not None
+        deadline = self.started + share * RELEASE_SECONDS if RELEASE_SECONDS else None
+        goal = share * RELEASE_SECTIONS if RELEASE_SECTIONS else None
+        while True:
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            if goal is not None and self.section_count() >= goal:
+                return
+            if not all(s.alive() for s in self.procs):
+                return  # finish() reports it
+            time.sleep(1.0)
+
+    def probe(self) -> float | None:
+        """Try a name no worker uses with ``timeout=0`` until it is acquired;
+        return when that happened, in seconds after the fault's end (None if
+        not within :data:`PROBE_LIMIT`)."""
+        from django_distlock import lock
+        from django_distlock.exceptions import LockError
+
+        assert self.fault_end is not None
+        deadline = time.monotonic() + PROBE_LIMIT
+        while time.monotonic() < deadline:
+            handle = lock("torture:probe", ttl=self.ttl, timeout=0, auto_renew=False)
+            try:
+                ok = handle.acquire()
+            except LockError:
+                ok = False
+            if ok:
+                free = time.monotonic() - self.fault_end
+                try:
+                    handle.release()
+                except LockError:
+                    pass  # the lease expires by its TTL
+                return free
+            time.sleep(0.01)
+        return None
 
     def wait_for_sections(self, count: int, timeout: float = 60) -> None:
         """Wait until the workers completed ``count`` more critical sections."""
@@ -364,7 +445,12 @@ class Run:
         ``after`` runs once the workers stopped, before the report; the text
         it returns is added to the verdict's notes.
         """
-        time.sleep(recovery * SCALE)
+        begun = time.monotonic()
+        if self.fault_end is not None:
+            self.probe_free_after = self.probe()
+        time.sleep(max(0.0, recovery * SCALE - (time.monotonic() - begun)))
+        if self.extend:
+            self.extend_to(1.0)
         if require_recovery and self.fault_end is not None:
             # Every worker must take a lock again, however long it takes.
             deadline = time.monotonic() + 30
@@ -453,6 +539,8 @@ class Run:
             fault_end=self.fault_end,
             reentrant=self.env.reentrant,
         )
+        verdict.probe_free_after = self.probe_free_after
+        verdict.target = max(AVAILABILITY_TARGET, self.ttl)
         return verdict
 
 

@@ -76,11 +76,33 @@ class Verdict:
     reported_losses: int = 0
     recovered_workers: int = 0
     workers: int = 0
+    #: Seconds from the fault's end until every lock name of the run was
+    #: acquired again (the slowest name), and until the prober's name was;
+    #: None when the scenario has no fault window (or nothing was measured).
+    fault: bool = False  # the run had a fault window
+    names_free_after: float | None = None
+    probe_free_after: float | None = None
+    #: The availability target: 2 s, or the TTL when longer (a holder that
+    #: really lost its lease may leave its remaining TTL behind).
+    target: float = 2.0
     notes: list[str] = field(default_factory=list)
 
     @property
     def availability(self) -> float:
         return self.acquired / self.attempts if self.attempts else 0.0
+
+    @property
+    def unavailable_after_fault(self) -> float | None:
+        """Return the longest time until a name was acquirable after the fault."""
+        gaps = [
+            g for g in (self.names_free_after, self.probe_free_after) if g is not None
+        ]
+        return max(gaps) if gaps else None
+
+    @property
+    def interval_violations(self) -> int:
+        """Return the violations the interval checker (not the mutex model) found."""
+        return self.violations - self.nonlinearizable
 
     @property
     def violations(self) -> int:
@@ -99,6 +121,9 @@ class Verdict:
         data["availability"] = round(self.availability, 4)
         data["violations"] = self.violations
         data["longest_wait"] = round(self.longest_wait, 3)
+        data["interval_violations"] = self.interval_violations
+        gap = self.unavailable_after_fault
+        data["unavailable_after_fault"] = None if gap is None else round(gap, 3)
         return data
 
     def summary(self) -> str:
@@ -115,7 +140,32 @@ class Verdict:
             f"{self.availability:.1%} of {self.attempts} attempts, longest wait "
             f"{self.longest_wait:.2f} s; {self.recovered_workers}/{self.workers} "
             f"workers acquired after the fault"
+            + (
+                ""
+                if self.unavailable_after_fault is None
+                else f"; names acquirable again {self.unavailable_after_fault:.2f} s "
+                f"after the fault (target {self.target:.1f} s)"
+            )
         )
+
+
+def names_free_after(sections: list[dict], fault_end: float) -> float | None:
+    """Return how long after ``fault_end`` the slowest lock name was acquired
+    again (the first section of each name that started after it), or None
+    if some name never was.
+
+    The workers keep trying every name, so the first grant after the fault
+    is when the name became acquirable again, give or take one attempt.
+    """
+    first: dict[str, float] = {}
+    for s in sections:
+        if s["start"] > fault_end:
+            name = s["name"]
+            first[name] = min(first.get(name, s["start"]), s["start"])
+    names = {s["name"] for s in sections}
+    if not names or set(first) != names:
+        return None
+    return max(first.values()) - fault_end
 
 
 def _history(text: str) -> list[tuple[int, str]]:
@@ -242,6 +292,8 @@ def check(
         verdict.recovered_workers = len(
             {s["w"] for s in sections if s["start"] > fault_end and s["rel"] == "ok"}
         )
+        verdict.fault = True
+        verdict.names_free_after = names_free_after(sections, fault_end)
     else:
         verdict.recovered_workers = len({s["w"] for s in sections})
     return verdict

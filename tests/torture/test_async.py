@@ -7,7 +7,7 @@ import pytest
 from ..procs import run_in_processes
 from .async_workers import cancel_storm
 from .conftest import backends
-from .harness import SCALE, report, wait_until
+from .harness import RELEASE_SECONDS, SCALE, report, wait_until
 from .history import check, read_events
 from .workers import record_key
 
@@ -29,13 +29,13 @@ def test_tasks_cancelled_at_random_points(env, kind, tmp_path):
     files.mkdir()
     names = ["torture:async:a", "torture:async:b"]
     ttl = 1.0
+    # Release mode lengthens the storm and the calm to the run's share of time.
+    storm = max(2.0 * SCALE, RELEASE_SECONDS / 2)
+    calm = max(2.5 * SCALE, RELEASE_SECONDS / 2)
     results = run_in_processes(
         cancel_storm,
-        [
-            (names, str(logs), str(files), 2.0 * SCALE, 2.5 * SCALE, ttl, 6, seed)
-            for seed in (1, 2)
-        ],
-        timeout=180,
+        [(names, str(logs), str(files), storm, calm, ttl, 6, seed) for seed in (1, 2)],
+        timeout=180 + storm + calm,
     )
     storm_end = max(r["storm_end"] for r in results)
     records = {

@@ -1,0 +1,57 @@
+"""The availability-after-fault figure and the release table (pure logic)."""
+
+from __future__ import annotations
+
+from .history import Verdict, check, names_free_after
+from .report import met, release_table
+
+
+def cs(name: str, start: float, end: float, rel: str = "ok", w: str = "w0") -> dict:
+    return {
+        "k": "cs",
+        "w": w,
+        "id": f"{w}.{start}",
+        "name": name,
+        "inv": start - 0.001,
+        "start": start,
+        "end": end,
+        "done": end + 0.001,
+        "token": int(start * 1000),
+        "write": {},
+        "rel": rel,
+    }
+
+
+def test_slowest_name_counts():
+    sections = [cs("a", 1, 2), cs("a", 5.5, 6), cs("b", 1, 2), cs("b", 7, 8)]
+    assert names_free_after(sections, fault_end=5.0) == 2.0
+
+
+def test_a_name_never_acquired_again_has_no_figure():
+    sections = [cs("a", 1, 2), cs("a", 6, 7), cs("b", 1, 2)]
+    assert names_free_after(sections, fault_end=5.0) is None
+    verdict = check("s", "redis", sections, {}, fault_end=5.0)
+    assert verdict.fault and met(verdict.as_dict()) == "not met"
+
+
+def test_target_and_probe():
+    verdict = check("s", "redis", [cs("a", 5.3, 5.4)], {}, fault_end=5.0)
+    verdict.probe_free_after = 2.5
+    row = verdict.as_dict()
+    assert row["unavailable_after_fault"] == 2.5
+    assert met(row) == "not met"
+    verdict.target = 3.0  # a 3 s TTL
+    assert met(verdict.as_dict()) == "met"
+
+
+def test_release_table_counts_each_oracle():
+    clean = check("s", "redis", [cs("a", 5.3, 5.4)], {}, fault_end=5.0).as_dict()
+    overlapping = check(
+        "t", "redlock", [cs("a", 1, 3), cs("a", 2, 4, w="w1")], {}
+    ).as_dict()
+    fork = Verdict("fork", "redis", critical_sections=2).as_dict()
+    text = release_table([clean, overlapping, fork])
+    assert "| s | redis | 1 | 0 | 0 | 0.30 s (0.30 s / n/a) | 2 s | met |" in text
+    assert "| t | redlock | 2 | 1 | 1 |" in text
+    assert "n/a (no fault window)" in text
+    assert "3 runs, 5 critical sections checked by both oracles, 2 violations" in text
