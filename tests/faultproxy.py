@@ -2,10 +2,13 @@
 
 ``drop_next_reply()`` makes the proxy forward the client's next request, then
 swallow the server's answer and cut both connections: the client sent a
-request whose outcome it cannot know. While ``refuse()`` is in force, new
-connections are closed as soon as they are accepted (a server that does not
-answer); ``accept()`` lifts it. Everything runs in daemon threads of the test
-process and stops with :meth:`close`.
+request whose outcome it cannot know. ``drop_next_request()`` cuts the
+connection instead of forwarding the request (a connection killed under a
+request in flight: the server never ran it, the client cannot know that).
+While ``refuse()`` is in force, new connections are closed as soon as they
+are accepted (a server that does not answer); ``accept()`` lifts it.
+Everything runs in daemon threads of the test process and stops with
+:meth:`close`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class DropReplyProxy:
         self._listener = socket.create_server(("127.0.0.1", self.port))
         self._lock = threading.Lock()
         self._drop_armed = False
+        self._drop_request = False
         self._refusing = False
         self._closed = False
         self._sockets: set[socket.socket] = set()
@@ -38,9 +42,17 @@ class DropReplyProxy:
         refuse new connections unless ``then_refuse`` is False."""
         with self._lock:
             self._drop_armed = True
+            self._drop_request = False
             self._match = match
             self.dropped.clear()
             self._refuse_after_drop = then_refuse
+
+    def drop_next_request(self, match=None, *, then_refuse: bool = True) -> None:
+        """Like :meth:`drop_next_reply`, but the request never reaches the
+        server: the proxy cuts both connections instead of forwarding it."""
+        self.drop_next_reply(match, then_refuse=then_refuse)
+        with self._lock:
+            self._drop_request = True
 
     def refuse(self) -> None:
         with self._lock:
@@ -103,6 +115,9 @@ class DropReplyProxy:
                             pair["swallow"] = True
                             if self._refuse_after_drop:
                                 self._refusing = True
+                            if self._drop_request:
+                                self.dropped.set()
+                                break
                     dst.sendall(data)
                 elif pair["swallow"]:
                     # The server answered; the client never hears it.

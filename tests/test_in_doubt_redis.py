@@ -22,7 +22,7 @@ import time
 import pytest
 from django.test import override_settings
 
-from django_distlock import LockBackendError, lock, locks
+from django_distlock import LockBackendError, lock, locks, semaphore
 
 from .faultproxy import DropReplyProxy
 from .servers import RedisServer
@@ -50,12 +50,25 @@ def is_free(name: str, using: str) -> bool:
     return True
 
 
-def free_after(name: str, using: str, limit: float) -> float | None:
+def is_free_permit(name: str, using: str) -> bool:
+    """Return True if a permit of the limit-1 semaphore ``name`` can be
+    taken right now (and give it back)."""
+    probe = semaphore(name, 1, using=using, timeout=0, auto_renew=False)
+    try:
+        if not probe.acquire():
+            return False
+    except LockBackendError:
+        return False
+    probe.release()
+    return True
+
+
+def free_after(name: str, using: str, limit: float, free=is_free) -> float | None:
     """Return the seconds until ``name`` is free on ``using`` (None: not
     within ``limit``)."""
     started = time.monotonic()
     while time.monotonic() - started < limit:
-        if is_free(name, using):
+        if free(name, using):
             return time.monotonic() - started
         time.sleep(0.005)
     return None
@@ -370,3 +383,58 @@ def test_frozen_cluster_primary_leaves_no_grant(redis_cluster):
         finally:
             FROZEN = saved
             locks.reset()
+
+
+@pytest.mark.parametrize("kind", ["exclusive", "shared", "permit"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_release_that_never_arrived_is_sent_again(server, mode, kind):
+    """A release cut off on its way (a killed connection under the request)
+    is sent again once the server can be reached: the name does not stay
+    blocked for the rest of the lease's TTL."""
+    proxy = DropReplyProxy("127.0.0.1", server.port)
+    setting = {
+        "default": {"BACKEND": PLAIN, "LOCATION": f"redis://127.0.0.1:{proxy.port}"},
+        "direct": {"BACKEND": PLAIN, "LOCATION": server.url},
+    }
+
+    async def arelease(holder) -> None:
+        await holder.arelease()
+
+    try:
+        with override_settings(LOCKS=setting):
+            try:
+                # No renewal may take the trap meant for the release.
+                if kind == "permit":
+                    holder = semaphore("cut-release", 1, ttl=TTL, auto_renew=False)
+                else:
+                    shared = kind == "shared"
+                    holder = lock(
+                        "cut-release", ttl=TTL, auto_renew=False, shared=shared
+                    )
+                if mode == "sync":
+                    assert holder.acquire(timeout=0)
+                else:
+                    assert asyncio.run(holder.aacquire(timeout=0))
+                proxy.drop_next_request(is_script)
+                with pytest.raises(LockBackendError):
+                    if mode == "sync":
+                        holder.release()
+                    else:
+                        asyncio.run(arelease(holder))
+                assert proxy.dropped.is_set()
+                # The server never saw the release: the lease is still there
+                # (an exclusive probe is refused while a share or permit is
+                # held: the semaphore has its own name space, so probe it).
+                free = is_free_permit if kind == "permit" else is_free
+                assert not free("cut-release", "direct")
+                time.sleep(0.3)
+                assert not free("cut-release", "direct")
+                proxy.accept()
+                seconds = free_after("cut-release", "direct", TTL, free)
+                assert seconds is not None, "the release was never sent again"
+                print(f"free {seconds * 1000:.1f} ms after the proxy let through")
+                assert seconds < PROMPTLY, "the lease was left to expire"
+            finally:
+                locks.reset()
+    finally:
+        proxy.close()

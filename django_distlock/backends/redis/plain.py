@@ -333,8 +333,8 @@ class RedisLockBackend(
             )
             if ok and (cancelled[0] or released):
                 release_log.info(
-                    "Cancelled an acquisition of lock %r whose reply was lost "
-                    "(Redis lock backend %r).",
+                    "Gave back lock %r, taken or released by a request whose "
+                    "reply was lost (Redis lock backend %r).",
                     name,
                     self.alias,
                 )
@@ -390,7 +390,14 @@ class RedisLockBackend(
         try:
             code = yield release
         except GeneratorExit:
-            raise  # closed by the executor: no clean-up wanted (backend down)
+            # Closed by the executor: the release may or may not have run (a
+            # killed connection, a lost reply). Send it again in the
+            # background until the server answers, or the lease has expired
+            # anyway: the name is then free within a round trip of the
+            # server answering, not after the rest of the TTL.
+            if (left := lease.remaining()) > 0:
+                self.in_doubt.add((lease.name, lease.token), left)
+            raise
         except BaseException:
             # Interrupted (a cancelled task...) maybe before the release
             # reached the server (redis-py may wait for its pool first): send

@@ -345,6 +345,10 @@ class RedisKinds:
         try:
             code = yield release
         except GeneratorExit:
+            # As the exclusive release: sent again in the background.
+            if (left := lease.remaining()) > 0:
+                item = (lease.name, lease.token, lease.kind.mode == "permit")
+                self.kinds_in_doubt.add(item, left)
             raise
         except BaseException:
             yield release  # harmless twice, as the exclusive release
