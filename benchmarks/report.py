@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import contended, database, redlock, scale, uncontended
+from . import contended, database, kinds_report, redlock, scale, uncontended
 from .core import ratio_of
 
 #: Peers' figures from ../shared/ANCHORS.md (same kind of machine, other runs).
@@ -346,6 +346,9 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             "psycopg connection in autocommit mode.",
         )
         lines += image("database", "PostgreSQL cycle as a multiple of the floor")
+    if "kinds" in results:
+        lines += kinds_report.section(results["kinds"])
+        lines += image("kinds", "Shared locks and semaphores by backend")
     if "scale" in results:
         m = results["scale"]
         lines += [
