@@ -40,6 +40,8 @@ LIMIT = 3
 BEFORE_COMMIT = "34e8a02"
 #: Backend label -> LOCKS alias of benchmarks/settings.py.
 BACKENDS = {"Redis": "default", "PostgreSQL": "db"}
+#: The contention figure's third backend (benchmarks/kinds_settings.py).
+NOTIFY = 'PostgreSQL, WAIT="notify"'
 
 #: Targets from issue 22: contender -> (reference contender, highest p50 ratio).
 TARGETS = {
@@ -219,6 +221,9 @@ def run(ctx) -> dict:
         if old_root:
             shutil.rmtree(old_root, ignore_errors=True)
     ctx.current = "kinds contended"
+    if "PostgreSQL" in backends:
+        # Polling (the default) and waking on NOTIFY, with the same processes.
+        backends[NOTIFY] = "db-notify"
     result["contended"] = kinds_contended.run(ctx, backends)
     ctx.current = "kinds"
     return result

@@ -48,7 +48,7 @@ def _handle(kind: str, name: str, alias: str):
 
 
 def _worker(index: int, aliases: list[str], tasks, results) -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.kinds_settings"
     from .common import quiet_imports
 
     quiet_imports()
