@@ -405,7 +405,7 @@ def publish(text: str, page) -> bool:
         return False
     body = []
     for line in text.splitlines()[1:]:
-        body.append("#" + line if line.startswith("## ") else line)
+        body.append("#" + line if line.startswith("##") else line)
     head, rest = current.split(START, 1)
     _, tail = rest.split(END, 1)
     page.write_text(head + START + "\n" + "\n".join(body).strip() + "\n" + END + tail)
