@@ -18,7 +18,7 @@ from pathlib import Path
 from .servers import PostgresDatabase, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ["uncontended", "contended", "redlock", "database", "scale"]
+SCENARIOS = ["uncontended", "contended", "redlock", "database", "kinds", "scale"]
 REDLOCK_NODES = 5
 #: Our own database (the pid keeps a smoke run apart from a full run).
 PG_NAME = f"distlock_bench_{os.getpid()}"

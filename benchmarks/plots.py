@@ -136,6 +136,59 @@ def memory_plot(block: dict, path: Path) -> Path:
     return path
 
 
+def kinds_plot(block: dict, path: Path) -> Path:
+    """Left: each target's p50 ratio (per-round 10-90% as a whisker, the
+    target as a red tick). Right: 8 processes, cycles/s of each kind."""
+    from .core import ratio_of
+
+    plt = _plt()
+    contended = block.get("contended", {})
+    fig, (ax1, ax2) = plt.subplots(
+        1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]}
+    )
+    labels, ratios, lows, highs, limits = [], [], [], [], []
+    for backend, b in block["backends"].items():
+        s = b["series"]
+        for name, (ref, limit) in b["targets"].items():
+            if name not in s or ref not in s:
+                continue
+            pooled, lo, hi = ratio_of(s[name], s[ref])
+            labels.append(f"{backend}: {name}\n÷ {ref}")
+            ratios.append(pooled)
+            lows.append(max(pooled - lo, 0))
+            highs.append(max(hi - pooled, 0))
+            limits.append(limit)
+    ys = list(range(len(labels)))[::-1]
+    ax1.barh(ys, ratios, xerr=[lows, highs], color=DISTLOCK_COLOR, height=0.6)
+    for y, v, hi, limit in zip(ys, ratios, highs, limits):
+        ax1.text(v + hi, y, f"  {v:.2f}x", va="center", fontsize=8)
+        if limit:
+            ax1.plot([limit, limit], [y - 0.35, y + 0.35], color="red", lw=2)
+    ax1.set_yticks(ys, labels, fontsize=8)
+    ax1.axvline(1.0, color=FLOOR_COLOR, lw=0.8)
+    ax1.set_xlabel("p50 cycle time ratio (red: target; whisker: per-round 10-90%)")
+    ax1.set_title("Uncontended cycle by kind")
+    names, values = [], []
+    for backend, outcomes in contended.items():
+        for kind, o in outcomes.items():
+            names.append(f"{backend}: {kind}")
+            values.append(o.cycles_per_s)
+    if names:
+        rev = names[::-1]
+        ax2.barh(rev, values[::-1], color=DISTLOCK_COLOR)
+        for y, v in enumerate(values[::-1]):
+            ax2.text(v, y, f" {v:.0f}/s", va="center", fontsize=8)
+        ax2.margins(x=0.3)
+        ax2.set_xlabel("cycles per second (8 processes, 1 ms held)")
+        ax2.set_title("Limit-3 semaphore vs exclusive lock")
+    else:
+        ax2.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_all(results: dict, out: Path) -> list[Path]:
     written = []
     if "uncontended" in results:
@@ -169,6 +222,8 @@ def write_all(results: dict, out: Path) -> list[Path]:
                 3.0,
             )
         )
+    if "kinds" in results:
+        written.append(kinds_plot(results["kinds"], out / "bench_kinds.png"))
     if "scale" in results:
         written.append(memory_plot(results["scale"], out / "bench_memory.png"))
     return written

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import contended, database, redlock, scale, uncontended
+from . import contended, database, kinds_report, redlock, scale, uncontended
 from .core import ratio_of
 
 #: Peers' figures from ../shared/ANCHORS.md (same kind of machine, other runs).
@@ -346,6 +346,9 @@ def render(results, skipped, errors, meta, image_prefix: str | None = None) -> s
             "psycopg connection in autocommit mode.",
         )
         lines += image("database", "PostgreSQL cycle as a multiple of the floor")
+    if "kinds" in results:
+        lines += kinds_report.section(results["kinds"])
+        lines += image("kinds", "Shared locks and semaphores by backend")
     if "scale" in results:
         m = results["scale"]
         lines += [
@@ -402,7 +405,7 @@ def publish(text: str, page) -> bool:
         return False
     body = []
     for line in text.splitlines()[1:]:
-        body.append("#" + line if line.startswith("## ") else line)
+        body.append("#" + line if line.startswith("##") else line)
     head, rest = current.split(START, 1)
     _, tail = rest.split(END, 1)
     page.write_text(head + START + "\n" + "\n".join(body).strip() + "\n" + END + tail)
