@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from django_distlock.backends.redis.indoubt import InDoubt
+from django_distlock.backends.indoubt import InDoubt
 
 
 def wait_for(predicate, limit: float = 5.0) -> bool:

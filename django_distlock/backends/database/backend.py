@@ -10,10 +10,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from ...exceptions import LockBackendError
-from ..base import BaseLockBackend, Holder, Lease, holder_identity
+from ..base import Holder, Lease, holder_identity
 from ..handoff import Handoff
 from ..kinds import EXCLUSIVE, Kind
 from ..options import Choice, DatabaseAlias, Seconds
+from ..steps import StepsBackend
 from .checks import DEFAULT_MAX_BACKOFF, check_database
 from .connections import ConnectionsMixin
 from .dialects import Dialect
@@ -27,7 +28,7 @@ __all__ = ["DatabaseLockBackend"]
 DELETE_CHUNK = 500
 
 
-class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockBackend):
+class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBackend):
     """Locks as rows of a table in one of the project's databases.
 
     ``OPTIONS["DATABASE"]`` names the ``DATABASES`` alias (default
@@ -127,7 +128,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         dialect = self._dialect
         host, pid, thread = identity
         ttl_p = dialect.ttl_param(ttl)
-        run = self._execute
+        run = self._statement
         run(cursor, "acquire", (token, host, pid, thread, ttl_p, digest, token))
         if dialect.returning:
             # fetchall, not fetchone: SQLite commits when the statement ends.
@@ -169,8 +170,8 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         # Inside a transaction. The shared lock on the floor row keeps
         # clear_stale() from deleting rows (and raising the floor) meanwhile,
         # so a re-created row starts above every fence its name ever had.
-        self._execute(cursor, "ensure_floor", ())
-        self._execute(cursor, "floor_shared", ())
+        self._statement(cursor, "ensure_floor", ())
+        self._statement(cursor, "floor_shared", ())
         floor = int(cursor.fetchall()[0][0])
         host, pid, thread = identity
         params = (
@@ -186,21 +187,21 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         )
         if self.dialect.vendor == "mysql":
             try:
-                self._execute(cursor, "create", params)
+                self._statement(cursor, "create", params)
             except self._integrity_error:
                 return None  # another creator won; the caller polls
         else:
-            self._execute(cursor, "create", params)
+            self._statement(cursor, "create", params)
             if cursor.rowcount != 1:
                 return None
         return floor + 1
 
     def _extend_once(self, cursor: Any, digest: str, token: str, ttl: float) -> bool:
-        self._execute(cursor, "extend", (self._dialect.ttl_param(ttl), digest, token))
+        self._statement(cursor, "extend", (self._dialect.ttl_param(ttl), digest, token))
         return cursor.rowcount == 1
 
     def _release_once(self, cursor: Any, digest: str, token: str) -> bool:
-        run = self._execute
+        run = self._statement
         if self.wait_notify:
             run(cursor, "release_notify", (digest, token, _channel(digest)))
             released = cursor.fetchall()[0][0] == 1
@@ -214,14 +215,14 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
         return False
 
     def _is_held_once(self, cursor: Any, digest: str, token: str) -> bool:
-        self._execute(cursor, "is_held", (digest, token))
+        self._statement(cursor, "is_held", (digest, token))
         return bool(cursor.fetchall())
 
     def _drop_once(self, cursor: Any, digest: str, token: str) -> bool:
-        self._execute(cursor, "drop", (digest, token))
+        self._statement(cursor, "drop", (digest, token))
         dropped = cursor.rowcount == 1
         if dropped and self.wait_notify:
-            self._execute(cursor, "notify", (_channel(digest),))
+            self._statement(cursor, "notify", (_channel(digest),))
             cursor.fetchall()
         return dropped
 
@@ -356,7 +357,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
 
     def _holder_rows(self, cursor: Any, prefix: str) -> list[tuple]:
         stored = encode_name(prefix)
-        self._execute(cursor, "holders", (self.key_prefix, len(stored), stored))
+        self._statement(cursor, "holders", (self.key_prefix, len(stored), stored))
         return list(cursor.fetchall())
 
     def holders(self, prefix: str = "") -> Iterator[Holder]:
@@ -414,18 +415,18 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, BaseLockB
 
     def _clear_stale_once(self, cursor: Any) -> int:
         sql = self._sql
-        self._execute(cursor, "ensure_floor", ())
+        self._statement(cursor, "ensure_floor", ())
 
         def clear(cur: Any) -> int:
             # Lock the floor, then the rows to delete: creators wait on the
             # floor, acquirers on their row, so nothing changes under us.
-            self._execute(cur, "floor_locked", ())
-            self._execute(cur, "stale", (self.key_prefix,))
+            self._statement(cur, "floor_locked", ())
+            self._statement(cur, "stale", (self.key_prefix,))
             rows = cur.fetchall()
             if not rows:
                 return 0
             top = max(int(fence) for _, fence, _ in rows)
-            self._execute(cur, "raise_floor", (top, top))
+            self._statement(cur, "raise_floor", (top, top))
             ids = [row[0] for row in rows]
             mark = "?" if self.dialect.vendor == "sqlite" else "%s"
             for i in range(0, len(ids), DELETE_CHUNK):

@@ -159,10 +159,6 @@ _backends: weakref.WeakSet = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for backend in list(_backends):
         backend._forget_connections()
-        # The parent's canceller thread is not running here.
-        backend._in_doubt = []
-        backend._in_doubt_cond = threading.Condition()
-        backend._in_doubt_thread = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -189,12 +185,9 @@ class ConnectionsMixin:
         self._pooled = False
         self._dialect: Dialect | None = None
         #: Driver errors after which an acquisition's outcome is unknown
-        #: (the connection failed with the request out), and the queue of
-        #: grants to cancel (see WaitingMixin._try_acquire).
+        #: (the connection failed with the request out; see
+        #: WaitingMixin._try_acquire).
         self._in_doubt_errors: tuple[type[Exception], ...] = ()
-        self._in_doubt: list[tuple[str, str, float]] = []
-        self._in_doubt_cond = threading.Condition()
-        self._in_doubt_thread: threading.Thread | None = None
         _backends.add(self)
 
     def _setup(self) -> None:
@@ -340,7 +333,7 @@ class ConnectionsMixin:
             f"{self.database!r}: {message}{hint}"
         )
 
-    def _execute(self, cursor: Any, key: str, params: tuple) -> None:
+    def _statement(self, cursor: Any, key: str, params: tuple) -> None:
         """Run statement ``key``; prepared once per connection where possible."""
         if self._prepared:
             cursor.execute(self._sql[key], params, prepare=True)

@@ -77,7 +77,7 @@ class SharesMixin:
     max_backoff: float
     wait_notify: bool
     _call: Any
-    _execute: Any
+    _statement: Any
     _transaction: Any
     _dialect: Any
     _digest: Any
@@ -121,7 +121,7 @@ class SharesMixin:
 
         ``(token, live, remaining seconds, fence)``.
         """
-        run = self._execute
+        run = self._statement
         for _ in range(2):
             run(cur, "row_locked", (digest,))
             rows = cur.fetchall()
@@ -151,7 +151,7 @@ class SharesMixin:
         """Try once for a shared lease or a permit, in one transaction."""
 
         def grant(cur: Any) -> tuple[int | None, float]:
-            run = self._execute
+            run = self._statement
             holder, live, remaining, fence = self._locked_row(cur, name, digest)
             fence = int(fence)
             run(cur, "shares_purge", (digest,))
@@ -196,7 +196,7 @@ class SharesMixin:
 
         A waiter without room keeps (or takes) its place in the queue.
         """
-        run = self._execute
+        run = self._statement
         run(cur, "permit_limits", (digest, kind.limit))
         others = cur.fetchall()
         if others:
@@ -227,13 +227,13 @@ class SharesMixin:
         """Keep ``token``'s place in the queue of ``digest`` for a while."""
         ttl_p = self._dialect.ttl_param(self._waiter_ttl())
         if token in self._queued:
-            self._execute(cursor, "share_refresh", (ttl_p, token))
+            self._statement(cursor, "share_refresh", (ttl_p, token))
             if cursor.rowcount == 1:
                 return
             # Purged after it expired: queue again, at the back.
-            self._execute(cursor, "share_delete", (token,))
+            self._statement(cursor, "share_delete", (token,))
         host, pid, thread = identity
-        self._execute(
+        self._statement(
             cursor,
             "share_insert",
             (digest, mode, limit, token, 0, host, pid, thread, ttl_p),
@@ -260,10 +260,10 @@ class SharesMixin:
         self, cursor: Any, digest: str, token: str, wake: bool = False
     ) -> None:
         self._queued.discard(token)
-        self._execute(cursor, "share_delete", (token,))
+        self._statement(cursor, "share_delete", (token,))
         if wake and self.wait_notify and cursor.rowcount == 1:
             # Readers queued behind a writer that gave up may go now.
-            self._execute(cursor, "notify", (_channel(digest),))
+            self._statement(cursor, "notify", (_channel(digest),))
             cursor.fetchall()
 
     # -- releasing, extending, checking -----------------------------------
@@ -273,7 +273,7 @@ class SharesMixin:
 
         Inside a transaction: the name's row is locked first.
         """
-        run = self._execute
+        run = self._statement
         run(cur, "row_locked", (digest,))
         cur.fetchall()
         run(cur, "share_live", (token, digest))
@@ -316,7 +316,7 @@ class SharesMixin:
         ttl_p = self._dialect.ttl_param(ttl)
 
         def extend(cur: Any) -> bool:
-            run = self._execute
+            run = self._statement
             run(cur, "row_locked", (digest,))
             cur.fetchall()
             run(cur, "share_extend", (ttl_p, token, digest, mode))
@@ -340,7 +340,7 @@ class SharesMixin:
     def _share_is_held_once(
         self, cursor: Any, digest: str, token: str, mode: str
     ) -> bool:
-        self._execute(cursor, "share_is_held", (token, digest, mode))
+        self._statement(cursor, "share_is_held", (token, digest, mode))
         return bool(cursor.fetchall())
 
     def _share_is_held(self, lease: Lease) -> bool:
@@ -382,7 +382,7 @@ class SharesMixin:
     def _share_rows(self, cursor: Any, prefix: str) -> list[tuple]:
         stored = encode_name(prefix)
         try:
-            self._execute(
+            self._statement(
                 cursor, "share_holders", (self.key_prefix, len(stored), stored)
             )
         except Exception as e:
@@ -416,10 +416,10 @@ class SharesMixin:
     def _clear_stale_shares(self, cursor: Any) -> int:
         """Delete expired shared leases, permits and places; count the leases."""
         try:
-            self._execute(cursor, "stale_waiters", (self.key_prefix,))
+            self._statement(cursor, "stale_waiters", (self.key_prefix,))
         except Exception as e:
             if _no_share_table(e):
                 return 0  # migration 0003 not run yet: nothing to clear
             raise
-        self._execute(cursor, "stale_holders", (self.key_prefix,))
+        self._statement(cursor, "stale_holders", (self.key_prefix,))
         return max(0, cursor.rowcount)

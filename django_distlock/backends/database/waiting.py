@@ -1,9 +1,10 @@
 """How the backend waits for a lock: polling, or LISTEN/NOTIFY on PostgreSQL.
 
 The polling loop is written once, as a generator of steps (an attempt, a
-sleep) that a synchronous and an asyncio executor drive, so ``acquire`` and
-``aacquire`` cannot drift apart. Asyncio attempts run in worker threads; one
-whose task is cancelled gives back what it obtains (:class:`Handoff`).
+sleep, a withdrawal) that the shared driver of :mod:`..steps` runs, in this
+thread or on the event loop, so ``acquire`` and ``aacquire`` cannot drift
+apart. Asyncio attempts run in worker threads; one whose task is cancelled
+gives back what it obtains (:class:`Handoff`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import logging
 import math
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable, Generator
+from functools import cached_property
 from typing import Any
 
 from ...exceptions import LockBackendError
 from ..base import Lease
 from ..handoff import Handoff
+from ..indoubt import InDoubt
 from ..kinds import EXCLUSIVE, Kind
 
 __all__ = ["WaitingMixin"]
@@ -32,12 +34,8 @@ MIN_BACKOFF = 0.001
 #: Longest wait for a notification before trying again anyway, seconds: it
 #: bounds the delay after a release by a process that does not notify.
 NOTIFY_SAFETY_WAIT = 1.0
-#: First and longest pause between two tries to cancel an acquisition whose
-#: outcome is unknown, seconds.
-CANCEL_RETRY = (0.02, 0.1)
-
-#: The polling loop as a generator of ``(kind, argument)`` steps, driven by
-#: :meth:`WaitingMixin._run` or :meth:`WaitingMixin._arun`.
+#: The polling loop as a generator of ``(kind, argument)`` steps, carried out
+#: by :meth:`WaitingMixin._execute` or :meth:`WaitingMixin._aexecute`.
 Steps = Generator[tuple[str, Any], Any, Any]
 
 
@@ -66,9 +64,6 @@ class WaitingMixin:
     _kind_digest: Callable[[str, Kind], str]
     _queued: set[str]
     _in_doubt_errors: tuple[type[Exception], ...]
-    _in_doubt: list[tuple[str, str, float]]
-    _in_doubt_cond: threading.Condition
-    _in_doubt_thread: threading.Thread | None
 
     # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
 
@@ -210,44 +205,29 @@ class WaitingMixin:
             yield ("sleep", max(0.0, wait))
             delay = min(delay * 2, self.max_backoff)
 
-    def _run(self, steps: Steps) -> Any:
-        """Carry out ``steps`` in this thread; return its result.
+    def _execute(self, step: tuple[str, Any]) -> Any:
+        """Carry out one step of :meth:`_acquire_steps` in this thread."""
+        kind, arg = step
+        if kind == "attempt":
+            return self._try_acquire(arg, self._attempt)
+        if kind == "withdraw":
+            return self._withdraw(*arg)
+        time.sleep(arg)
+        return None
 
-        The steps hold nothing to clean up: an error just propagates.
-        """
-        reply = None
-        while True:
-            try:
-                kind, arg = steps.send(reply)
-            except StopIteration as stop:
-                return stop.value
-            if kind == "attempt":
-                reply = self._try_acquire(arg, self._attempt)
-            elif kind == "withdraw":
-                reply = self._withdraw(*arg)
-            else:
-                time.sleep(arg)
-                reply = None
-
-    async def _arun(self, steps: Steps) -> Any:
-        """Carry out ``steps`` on the event loop, attempts in worker threads.
+    async def _aexecute(self, step: tuple[str, Any]) -> Any:
+        """Carry out one step on the event loop, attempts in worker threads.
 
         An attempt whose task is cancelled while it runs releases what it
         obtains (see :class:`Handoff`).
         """
-        reply = None
-        while True:
-            try:
-                kind, arg = steps.send(reply)
-            except StopIteration as stop:
-                return stop.value
-            if kind == "attempt":
-                reply = await self._aattempt(*arg)
-            elif kind == "withdraw":
-                reply = await asyncio.to_thread(self._withdraw, *arg)
-            else:
-                await asyncio.sleep(arg)
-                reply = None
+        kind, arg = step
+        if kind == "attempt":
+            return await self._aattempt(*arg)
+        if kind == "withdraw":
+            return await asyncio.to_thread(self._withdraw, *arg)
+        await asyncio.sleep(arg)
+        return None
 
     async def _aattempt(
         self, name: str, digest: str, token: str, *args: Any
@@ -280,50 +260,34 @@ class WaitingMixin:
                 self._cancel_in_doubt(digest, token, ttl)
             raise
 
+    @cached_property
+    def in_doubt(self) -> InDoubt:
+        """Return the canceller of this backend's in-doubt acquisitions."""
+        return InDoubt(f"database-{self.alias}", self._cancel_pending)
+
     def _cancel_in_doubt(self, digest: str, token: str, ttl: float) -> None:
-        """Queue the grant of ``token``, if there is one, to be dropped.
+        """Drop the grant of ``token``, if there is one, in the background.
 
-        One thread per backend works through the queue, trying each again
-        until the database answers, or until its grant would have expired
-        anyway.
+        The backend's canceller thread tries it again until the database
+        answers, or until the grant would have expired anyway.
         """
-        with self._in_doubt_cond:
-            self._in_doubt.append((digest, token, time.monotonic() + ttl))
-            if self._in_doubt_thread is None or not self._in_doubt_thread.is_alive():
-                self._in_doubt_thread = threading.Thread(
-                    target=self._cancel_queued, name="distlock-db-cancel", daemon=True
-                )
-                self._in_doubt_thread.start()
-            else:
-                self._in_doubt_cond.notify()
+        self.in_doubt.add((digest, token), ttl)
 
-    def _cancel_queued(self) -> None:
-        pause, longest = CANCEL_RETRY
-        while True:
-            with self._in_doubt_cond:
-                items, self._in_doubt = self._in_doubt, []
-                if not items:
-                    self._in_doubt_thread = None
-                    return
-            retry = []
-            for digest, token, give_up in items:
-                try:
-                    if self._call("cancel", self._drop_any_once, digest, token):
-                        release_log.info(
-                            "Cancelled an acquisition whose reply was lost "
-                            "(database lock backend %r)",
-                            self.alias,
-                        )
-                except LockBackendError:
-                    if time.monotonic() < give_up:
-                        retry.append((digest, token, give_up))
-            if not retry:
-                pause = CANCEL_RETRY[0]
-                continue
-            with self._in_doubt_cond:
-                self._in_doubt[:0] = retry
-                self._in_doubt_cond.wait(pause)  # a new entry wakes it early
-            pause = min(pause * 2, longest)
+    def _cancel_pending(self, items: list[tuple[str, str]]) -> list[bool]:
+        done = []
+        for digest, token in items:
+            try:
+                if self._call("cancel", self._drop_any_once, digest, token):
+                    release_log.info(
+                        "Cancelled an acquisition whose reply was lost "
+                        "(database lock backend %r)",
+                        self.alias,
+                    )
+            except LockBackendError:
+                done.append(False)
+            else:
+                done.append(True)
+        return done
 
     def _give_back(self, digest: str, token: str) -> None:
         """Release a lease that no handle knows about (its task was cancelled)."""

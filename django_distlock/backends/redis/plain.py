@@ -26,11 +26,11 @@ from typing import Any
 from ...exceptions import LockBackendError
 from ...keys import encode_name
 from ..base import EXCLUSIVE, Lease, holder_identity, new_token
+from ..indoubt import InDoubt
 from ..options import Bool, CacheAlias, Dict, Integer, Seconds, Text
 from ..steps import StepsBackend
 from . import checks
 from .client import RedisClients, async_timeout
-from .indoubt import InDoubt
 from .keys import ACQUIRE, CANCEL, EXTEND, RELEASE, LockKeys, ms
 from .kind_listing import RedisKindListing
 from .listing import RedisListing

@@ -32,8 +32,8 @@ from asgiref.sync import markcoroutinefunction
 
 from ...keys import encode_name
 from ..base import EXCLUSIVE, Kind, Lease, holder_identity, new_token
+from ..indoubt import InDoubt
 from ..scripts import LuaScript, load_script
-from .indoubt import InDoubt
 from .keys import EXTEND, RELEASE, ms
 
 __all__ = ["MARK", "RedisKinds", "SemaphoreKeys", "SharedKeys"]

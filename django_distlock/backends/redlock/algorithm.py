@@ -18,8 +18,8 @@ from typing import Any
 
 from ...exceptions import LockBackendError
 from ..base import Lease, holder_identity, new_token
+from ..indoubt import InDoubt
 from ..kinds import EXCLUSIVE
-from ..redis.indoubt import InDoubt
 from .steps import (
     ACQUIRE,
     COMMIT,

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
-from ..base import current_pid
+from .base import current_pid
 
 __all__ = ["InDoubt"]
 
