@@ -38,9 +38,9 @@ FROZEN = 2.5
 BACKENDS = [pytest.param(PLAIN, id="plain"), pytest.param(REENTRANT, id="reentrant")]
 
 
-def is_free(name: str, using: str) -> bool:
-    """Return True if ``name`` can be taken right now (and give it back)."""
-    probe = lock(name, using=using, timeout=0, auto_renew=False)
+def can_take(probe) -> bool:
+    """Return True if ``probe`` (a lock or semaphore handle with
+    ``timeout=0``) can be acquired right now (and give it back)."""
     try:
         if not probe.acquire():
             return False
@@ -48,19 +48,17 @@ def is_free(name: str, using: str) -> bool:
         return False
     probe.release()
     return True
+
+
+def is_free(name: str, using: str) -> bool:
+    """Return True if ``name`` can be taken right now (and give it back)."""
+    return can_take(lock(name, using=using, timeout=0, auto_renew=False))
 
 
 def is_free_permit(name: str, using: str) -> bool:
     """Return True if a permit of the limit-1 semaphore ``name`` can be
     taken right now (and give it back)."""
-    probe = semaphore(name, 1, using=using, timeout=0, auto_renew=False)
-    try:
-        if not probe.acquire():
-            return False
-    except LockBackendError:
-        return False
-    probe.release()
-    return True
+    return can_take(semaphore(name, 1, using=using, timeout=0, auto_renew=False))
 
 
 def free_after(name: str, using: str, limit: float, free=is_free) -> float | None:
