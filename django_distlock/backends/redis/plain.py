@@ -168,7 +168,7 @@ class RedisLockBackend(
         kind = command[0]
         try:
             if kind == "eval":
-                return self.redis.script(command[1])(keys=command[2], args=command[3])
+                return self.redis.evalsha(command[1], command[2], command[3])
             if kind == "blpop":
                 return self.redis.client.blpop([command[1]], command[2])
             if kind == "hget":
@@ -186,9 +186,8 @@ class RedisLockBackend(
         deadline = self.redis.adeadline
         try:
             if kind == "eval":
-                script = self.redis.ascript(command[1])
                 async with async_timeout(deadline):
-                    return await script(keys=command[2], args=command[3])
+                    return await self.redis.aevalsha(command[1], command[2], command[3])
             if kind == "blpop":
                 if deadline is not None:
                     deadline += command[2]
