@@ -241,6 +241,9 @@ class _ThreadLane:
         self._cond = threading.Condition(self._lock)
         self._schedule = _Schedule()
         self._thread: threading.Thread | None = None
+        # True from the thread's start until its loop ends (an unexpected
+        # error): read instead of Thread.is_alive() on every registration.
+        self._running = False
         self._wake_at = math.inf
 
     def register(
@@ -249,11 +252,16 @@ class _ThreadLane:
         """Start renewing ``lease`` until :meth:`unregister` (or ``max_hold``)."""
         with self._lock:
             due = self._schedule.add(backend, lease, max_hold)
-            if self._thread is None or not self._thread.is_alive():
+            if not self._running:
                 self._thread = threading.Thread(
                     target=self._run, name=self._name, daemon=True
                 )
-                self._thread.start()
+                self._running = True
+                try:
+                    self._thread.start()
+                except BaseException:
+                    self._running = False
+                    raise
             elif due < self._wake_at:
                 self._cond.notify()
 
@@ -265,6 +273,13 @@ class _ThreadLane:
             self._schedule.bounds.pop(key, None)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 now = time.monotonic()

@@ -229,17 +229,22 @@ class RedisLockBackend(
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
     ) -> Generator[Command, Any, Lease | None]:
-        keys = self.keys_for(name)
+        keys = self._keys.get(name) or self.keys_for(name)
         token = token or new_token()
         host, pid, thread = holder_identity()
         start = time.monotonic()
-        deadline = math.inf if timeout is None else start + timeout
-        blocking = timeout is None or timeout > 0
-        slice_len = min(self.max_wait_slice, deadline - start)
+        if timeout is None:
+            deadline, blocking = math.inf, True
+        else:
+            deadline, blocking = start + timeout, timeout > 0
         args = [token, ms(ttl), encode_name(name), host, pid, thread]
 
         sent = start
-        live_ms = ms(slice_len) + WAITER_GRACE_MS if blocking else 0
+        if blocking:
+            slice_len = min(self.max_wait_slice, deadline - start)
+            live_ms = ms(slice_len) + WAITER_GRACE_MS
+        else:
+            live_ms = 0
         try:
             acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
             if self.wait_replicas:
