@@ -4,45 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from contextlib import ContextDecorator
 from inspect import iscoroutinefunction
 from typing import Any
 
-from .backends.base import (
-    EXCLUSIVE,
-    SHARED,
-    BaseLockBackend,
-    Holder,
-    Kind,
-    Lease,
-    running_task,
-)
-from .busy import caller, held_by, not_acquired, refuse_kind
-from .exceptions import (
-    InvalidLockBackendError,
-    LockBackendError,
-    LockLost,
-    LockNotAcquired,
-    LockNotHeld,
-)
+from .backends.base import EXCLUSIVE, SHARED, BaseLockBackend, Kind, Lease
+from .busy import refuse_kind
+from .exceptions import InvalidLockBackendError, LockBackendError, LockLost
 from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
-from .losses import LossEvent, _Canceller, _cancellers, _loss_event
+from .holding import DEFAULT, Holding, release_log
+from .losses import LossEvent, _cancellers, _loss_event
 from .options import option_problems, seconds_problem, timeout_problem
-from .signals import lock_acquired, lock_contended, lock_error, lock_released
-from .watchdog import (
-    async_watchdog,
-    discard_on_loss,
-    get_watchdog,
-    on_loss,
-    report_lost,
-)
 
-__all__ = ["Lock", "LossEvent", "lock"]
-
-acquire_log = logging.getLogger("django_distlock.acquire")
-release_log = logging.getLogger("django_distlock.release")
+__all__ = ["DEFAULT", "Lock", "LossEvent", "lock"]
 
 
 def _check_seconds(name: str, what: str, value: Any) -> float:
@@ -54,16 +29,7 @@ def _check_seconds(name: str, what: str, value: Any) -> float:
     return value
 
 
-class _Default:
-    def __repr__(self) -> str:
-        return "<default>"
-
-
-#: Stands for "the alias's configured value" (``None`` means "wait forever").
-DEFAULT: Any = _Default()
-
-
-class Lock(ContextDecorator):
+class Lock(Holding, ContextDecorator):
     """A handle on one named lock of one backend.
 
     Use it as a context manager (``with lock("x") as held:``, or ``async
@@ -97,7 +63,7 @@ class Lock(ContextDecorator):
         if not (
             ttl is None
             and timeout is DEFAULT
-            and auto_renew is None
+            and (auto_renew is None or auto_renew is False or auto_renew is True)
             and using.__class__ is str
             and on_lost == "raise"
             and max_hold is DEFAULT
@@ -140,11 +106,7 @@ class Lock(ContextDecorator):
     @property
     def backend(self) -> BaseLockBackend:
         """The backend of this lock's alias."""
-        try:
-            return locks[self.using]
-        except InvalidLockBackendError:
-            self._no_such_alias()
-            raise
+        return self._backend()
 
     @property
     def ttl(self) -> float:
@@ -223,17 +185,26 @@ class Lock(ContextDecorator):
                 "holding the lock, and synchronous code has none; use 'async with', "
                 "or check held.lost in synchronous code."
             )
-        backend = self.backend
-        wait = self._wait_for(blocking, timeout)
-        started = time.monotonic()
-        kind = self.kind
         try:
-            if kind is EXCLUSIVE:
-                lease = backend.acquire(self.name, self.ttl, wait)
+            backend = locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
+        if blocking and timeout is DEFAULT:
+            wait = self._timeout
+            if wait is DEFAULT:
+                wait = backend.default_timeout
+        else:
+            wait = self._wait_for(blocking, timeout)
+        ttl = self._ttl
+        if ttl is None:
+            ttl = backend.default_ttl
+        started = time.monotonic()
+        try:
+            if self.kind is EXCLUSIVE:
+                lease = backend.acquire(self.name, ttl, wait)
             else:
-                lease = backend.acquire(
-                    self.name, self.ttl, wait, self._kind_of(backend)
-                )
+                lease = backend.acquire(self.name, ttl, wait, self._kind_of(backend))
         except LockBackendError as e:
             self._failed(backend, started, e)
             missing_table(backend, e)
@@ -305,11 +276,7 @@ class Lock(ContextDecorator):
         self, blocking: bool = True, timeout: float | None = DEFAULT
     ) -> bool:
         """Async twin of :meth:`acquire`."""
-        try:
-            backend = locks[self.using]
-        except InvalidLockBackendError:
-            self._no_such_alias()
-            raise
+        backend = self._backend()
         wait = self._wait_for(blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
@@ -455,140 +422,6 @@ class Lock(ContextDecorator):
 
             return inner
         return super().__call__(func)
-
-    # -- bookkeeping ------------------------------------------------------
-
-    def _acquired(
-        self, backend, lease, started, wait, *, asynchronous: bool = False
-    ) -> bool:
-        waited = time.monotonic() - started
-        if lease is None:
-            acquire_log.debug("Lock %r busy after %.3f s", self.name, waited)
-            if lock_contended.receivers:
-                lock_contended.send(
-                    sender=type(backend),
-                    alias=backend.alias,
-                    name=self.name,
-                    lease=None,
-                    wait=waited,
-                    timeout=wait,
-                    kind=self.kind.mode,
-                )
-            return False
-        renew = self._auto_renew
-        if renew is None:
-            renew = backend.auto_renew
-        renewer = None
-        if renew:
-            # The thread renews sync leases; the loop's task renews async ones
-            # (looked up only when it will be used).
-            renewer = async_watchdog() if asynchronous else get_watchdog()
-            max_hold = self._max_hold
-            if max_hold is DEFAULT:
-                max_hold = backend.max_hold
-            renewer.register(backend, lease, max_hold)
-        self._leases.append((lease, renewer))
-        if self._cancel_on_lost:
-            task = running_task()
-            if task is not None:
-                canceller = _cancellers[lease] = _Canceller(task)
-                on_loss(lease, canceller)
-        if not backend.reentrant:
-            held_by[lease] = (backend.alias, self.name, *caller())
-        if lock_acquired.receivers:  # skip building the call when nobody listens
-            lock_acquired.send(
-                sender=type(backend),
-                alias=backend.alias,
-                name=self.name,
-                lease=lease,
-                wait=waited,
-                kind=lease.kind.mode,
-            )
-        return True
-
-    def _failed(self, backend, started, exc: LockBackendError) -> None:
-        if lock_error.receivers:
-            lock_error.send(
-                sender=type(backend),
-                alias=backend.alias,
-                name=self.name,
-                lease=None,
-                wait=time.monotonic() - started,
-                error=exc,
-                kind=self.kind.mode,
-            )
-
-    def _no_such_alias(self) -> None:
-        """Raise a clearer error if ``using`` is no alias (else return)."""
-        if self.using in locks.settings:
-            return  # the alias's backend cannot load: that message is clear
-        configured = ", ".join(map(repr, locks.settings))
-        raise InvalidLockBackendError(
-            f"Lock {self.name!r}: using={self.using!r} is not an alias of "
-            f"settings.LOCKS (configured: {configured})."
-        ) from None
-
-    def _holder_unknown(self) -> None:
-        # Naming the holder is a courtesy: its failure must not replace the
-        # LockNotAcquired being raised.
-        acquire_log.debug(
-            "Could not look up the holder of %r", self.name, exc_info=True
-        )
-        return None
-
-    def _not_acquired(self, holder: Holder | None) -> LockNotAcquired:
-        """Return the LockNotAcquired to raise, naming ``holder`` if known."""
-        return not_acquired(self, holder)
-
-    def _current(self) -> tuple[BaseLockBackend, Lease]:
-        if not self._leases:
-            raise LockNotHeld(
-                f"Lock {self.name!r} is not held by this handle.", name=self.name
-            )
-        lease = self._leases[-1][0]
-        lease.check_owner_process()
-        backend = self.backend
-        if lease.lost:
-            self._lost(backend, lease, "the lease was lost earlier")
-        return backend, lease
-
-    def _pop(self) -> tuple[BaseLockBackend, Lease]:
-        if not self._leases:
-            raise LockNotHeld(
-                f"Lock {self.name!r} is not held by this handle.", name=self.name
-            )
-        lease, renewer = self._leases[-1]
-        lease.check_owner_process()
-        self._leases.pop()
-        self._last_lease = lease
-        held_by.pop(lease, None)
-        if self._cancel_on_lost:
-            canceller = _cancellers.pop(lease, None)
-            if canceller is not None:
-                canceller.active = False
-                discard_on_loss(lease, canceller)
-        if renewer is not None:
-            renewer.unregister(lease)
-        return self.backend, lease
-
-    def _released(self, backend, lease, ok: bool) -> None:
-        if not ok or lease.lost:
-            self._lost(backend, lease, "the lease was gone at release")
-        if lock_released.receivers:
-            lock_released.send(
-                sender=type(backend),
-                alias=backend.alias,
-                name=self.name,
-                lease=lease,
-                held=time.time() - lease.acquired_at,
-                kind=lease.kind.mode,
-            )
-
-    def _lost(self, backend, lease, reason: str) -> None:
-        report_lost(backend, lease, reason)
-        raise LockLost(
-            f"Lock {self.name!r} was lost before this call: {reason}.", name=self.name
-        )
 
 
 def lock(

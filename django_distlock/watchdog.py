@@ -120,13 +120,23 @@ class _Schedule:
     def add(
         self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
     ) -> float:
+        # _schedule() and renewal_due(), inlined: this runs on every
+        # acquisition that renews.
+        key = id(lease)
+        deadline, ttl = lease.deadline, lease.ttl
         if max_hold is not None:
             # From just before the acquiring request, as the deadline is.
-            started = lease.deadline - lease.ttl
-            self.bounds[id(lease)] = (started + max_hold, max_hold, False)
-        else:  # an id may be reused before a collected lease's entry goes
-            self.bounds.pop(id(lease), None)
-        return self._schedule(backend, lease)
+            self.bounds[key] = (deadline - ttl + max_hold, max_hold, False)
+        elif self.bounds:  # an id may be reused before a collected lease's goes
+            self.bounds.pop(key, None)
+        due = deadline - ttl * 2 / 3
+        self.entries[key] = (
+            backend,
+            weakref.ref(lease),
+            due,
+            due - ttl * EARLY_FRACTION,
+        )
+        return due
 
     def remove(self, lease: Lease) -> None:
         self.entries.pop(id(lease), None)
@@ -225,31 +235,51 @@ class _ThreadLane:
 
     def __init__(self, alias: str) -> None:
         self._name = f"django_distlock-watchdog:{alias}"
-        self._cond = threading.Condition()
+        # The condition's own lock, taken directly on the acquiring path
+        # (``with self._cond`` is a Python-level call more each way).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._schedule = _Schedule()
         self._thread: threading.Thread | None = None
+        # True from the thread's start until its loop ends (an unexpected
+        # error): read instead of Thread.is_alive() on every registration.
+        self._running = False
         self._wake_at = math.inf
 
     def register(
         self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
     ) -> None:
         """Start renewing ``lease`` until :meth:`unregister` (or ``max_hold``)."""
-        with self._cond:
+        with self._lock:
             due = self._schedule.add(backend, lease, max_hold)
-            if self._thread is None or not self._thread.is_alive():
+            if not self._running:
                 self._thread = threading.Thread(
                     target=self._run, name=self._name, daemon=True
                 )
-                self._thread.start()
+                self._running = True
+                try:
+                    self._thread.start()
+                except BaseException:
+                    self._running = False
+                    raise
             elif due < self._wake_at:
                 self._cond.notify()
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""
-        with self._cond:
-            self._schedule.remove(lease)
+        key = id(lease)
+        with self._lock:
+            self._schedule.entries.pop(key, None)
+            self._schedule.bounds.pop(key, None)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 now = time.monotonic()
@@ -310,7 +340,9 @@ class _AsyncLane:
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""
-        self._schedule.remove(lease)
+        key = id(lease)
+        self._schedule.entries.pop(key, None)
+        self._schedule.bounds.pop(key, None)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -360,7 +392,12 @@ class _Lanes:
         self._lanes: dict = {}
         self._lock = threading.Lock()
 
-    def _lane(self, alias: str):
+    def lane(self, alias: str):
+        """Return the lane renewing the leases of ``alias`` (made on first use).
+
+        A lock handle keeps the lane of each lease it registers, so that its
+        release unregisters it there directly.
+        """
         lane = self._lanes.get(alias)
         if lane is None:
             with self._lock:
@@ -377,7 +414,7 @@ class _Lanes:
         With ``max_hold``, renewal stops that many seconds after the lease
         was acquired; when the lease then runs out, it is reported lost.
         """
-        self._lane(backend.alias).register(backend, lease, max_hold)
+        self.lane(backend.alias).register(backend, lease, max_hold)
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""

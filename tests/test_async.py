@@ -485,7 +485,7 @@ def test_async_renewal_does_not_wake_the_task_per_acquisition(redis_url):
         async with lock("first", ttl=30) as first:
             assert first.lease is not None
             await asyncio.sleep(0.01)  # the renewal task is asleep now
-            dog = async_watchdog()._lane("default")
+            dog = async_watchdog().lane("default")
             waiter = dog._waiter
             assert waiter is not None and not waiter.done()
             for i in range(20):
@@ -506,7 +506,7 @@ def test_async_renewal_task_outlives_an_empty_schedule(redis_url):
     from django_distlock import watchdog
 
     async def scenario():
-        dog = watchdog.async_watchdog()._lane("default")
+        dog = watchdog.async_watchdog().lane("default")
         async with lock("loop:0", ttl=30):
             pass
         task = dog._task

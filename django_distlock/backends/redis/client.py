@@ -30,6 +30,7 @@ __all__ = [
     "MAX_WAIT_SLICE",
     "RedisClients",
     "async_timeout",
+    "is_noscript",
     "no_retry_kwargs",
 ]
 
@@ -84,6 +85,13 @@ def no_retry_kwargs(
         "retry": Retry(NoBackoff(), 0),
         "retry_on_timeout": False,
     }
+
+
+def is_noscript(exc: BaseException) -> bool:
+    """Return True if ``exc`` is redis-py's NOSCRIPT error (script not loaded)."""
+    from redis.exceptions import NoScriptError
+
+    return isinstance(exc, NoScriptError)
 
 
 class RedisClients:
@@ -215,6 +223,25 @@ class RedisClients:
             script = self._scripts[lua.name] = self.client.register_script(lua.source)
         return script
 
+    def evalsha(self, lua: LuaScript, keys, args) -> Any:
+        """Run ``lua`` on the sync client: EVALSHA, and on NOSCRIPT (the
+        server forgot it: restarted, flushed, a failover) redis-py's
+        ``Script`` call, which loads it and runs it again.
+
+        The direct EVALSHA (redis-py's public ``execute_command``, as its
+        ``evalsha`` does after two calls more) spares every cycle the
+        ``Script`` call's own work: an import, a type test, argument tuples.
+        """
+        script = self._scripts.get(lua.name) or self.script(lua)
+        try:
+            return self.client.execute_command(
+                "EVALSHA", script.sha, len(keys), *keys, *args
+            )
+        except Exception as e:
+            if not is_noscript(e):
+                raise
+        return script(keys=keys, args=args)
+
     # -- the asyncio clients ----------------------------------------------
 
     def aclient(self):
@@ -228,6 +255,19 @@ class RedisClients:
         if script is None:
             script = scripts[lua.name] = client.register_script(lua.source)
         return script
+
+    async def aevalsha(self, lua: LuaScript, keys, args) -> Any:
+        """Async twin of :meth:`evalsha`, on the running loop's client."""
+        client, scripts = self._aloop()
+        script = scripts.get(lua.name) or self.ascript(lua)
+        try:
+            return await client.execute_command(
+                "EVALSHA", script.sha, len(keys), *keys, *args
+            )
+        except Exception as e:
+            if not is_noscript(e):
+                raise
+        return await script(keys=keys, args=args)
 
     def _aloop(self) -> tuple[Any, dict]:
         loop = asyncio.get_running_loop()

@@ -168,7 +168,7 @@ class RedisLockBackend(
         kind = command[0]
         try:
             if kind == "eval":
-                return self.redis.script(command[1])(keys=command[2], args=command[3])
+                return self.redis.evalsha(command[1], command[2], command[3])
             if kind == "blpop":
                 return self.redis.client.blpop([command[1]], command[2])
             if kind == "hget":
@@ -186,9 +186,8 @@ class RedisLockBackend(
         deadline = self.redis.adeadline
         try:
             if kind == "eval":
-                script = self.redis.ascript(command[1])
                 async with async_timeout(deadline):
-                    return await script(keys=command[2], args=command[3])
+                    return await self.redis.aevalsha(command[1], command[2], command[3])
             if kind == "blpop":
                 if deadline is not None:
                     deadline += command[2]
@@ -230,17 +229,22 @@ class RedisLockBackend(
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
     ) -> Generator[Command, Any, Lease | None]:
-        keys = self.keys_for(name)
+        keys = self._keys.get(name) or self.keys_for(name)
         token = token or new_token()
         host, pid, thread = holder_identity()
         start = time.monotonic()
-        deadline = math.inf if timeout is None else start + timeout
-        blocking = timeout is None or timeout > 0
-        slice_len = min(self.max_wait_slice, deadline - start)
+        if timeout is None:
+            deadline, blocking = math.inf, True
+        else:
+            deadline, blocking = start + timeout, timeout > 0
         args = [token, ms(ttl), encode_name(name), host, pid, thread]
 
         sent = start
-        live_ms = ms(slice_len) + WAITER_GRACE_MS if blocking else 0
+        if blocking:
+            slice_len = min(self.max_wait_slice, deadline - start)
+            live_ms = ms(slice_len) + WAITER_GRACE_MS
+        else:
+            live_ms = 0
         try:
             acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
             if self.wait_replicas:

@@ -1,0 +1,180 @@
+"""Count the CPU instructions of one cycle: ``python -m benchmarks.cycles_cg``.
+
+Wall-clock time on a shared machine drifts by tens of percent; the number of
+instructions the Python process executes per cycle does not. For each mode
+this runs the cycle under ``valgrind --tool=callgrind`` twice, with N cycles
+and with none (both after the same warm-up), and reports the difference
+divided by N: the instructions of one cycle, start-up and warm-up removed.
+The redis-server runs outside valgrind and is not counted.
+
+Modes: ``floor`` (SET NX PX + EVALSHA through redis-py), ``redispy`` (redis-py's
+``Lock``), ``sync`` and ``sync-renew`` (``with lock(name, auto_renew=...)``),
+``afloor`` (the floor on ``redis.asyncio``), ``async`` and ``async-renew``.
+The ratios printed are the ones issue 18 sets targets for.
+
+Needs ``valgrind`` and ``redis-server`` on PATH. A mode takes about half a
+minute per thousand cycles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MODES = ["floor", "redispy", "sync", "sync-renew", "afloor", "async", "async-renew"]
+#: (mode, reference, target): the ratios reported after the counts.
+RATIOS = [
+    ("sync", "floor", 1.15),
+    ("sync-renew", "floor", 1.20),
+    ("sync", "redispy", 1.0),
+    ("async", "afloor", 1.10),
+    ("async", "sync", 1.30),
+]
+WARMUP = 200
+
+
+def _inner(mode: str, n: int) -> None:
+    """Run the warm-up and ``n`` cycles of ``mode`` (under valgrind)."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    import django
+
+    django.setup()
+    import redis
+    import redis.asyncio as aredis
+
+    from django_distlock import lock
+
+    from .common import CAD_SCRIPT, TTL_MS, floor_cycle, token
+
+    url = os.environ["DISTLOCK_BENCH_REDIS"]
+    if mode == "floor":
+        cycle = floor_cycle(redis.Redis.from_url(url), "cg:floor")
+    elif mode == "redispy":
+        client = redis.Redis.from_url(url)
+
+        def cycle():
+            with client.lock("cg:redispy", timeout=TTL_MS / 1000):
+                pass
+
+    elif mode in ("sync", "sync-renew"):
+        renew = mode == "sync-renew"
+
+        def cycle():
+            with lock("cg:sync", auto_renew=renew):
+                pass
+
+    else:
+        if mode == "afloor":
+
+            async def setup():
+                client = aredis.Redis.from_url(url)
+                sha = await client.script_load(CAD_SCRIPT)
+
+                async def acycle():
+                    tok = token()
+                    if not await client.set("cg:afloor", tok, nx=True, px=TTL_MS):
+                        raise RuntimeError("async floor: key unexpectedly held")
+                    await client.evalsha(sha, 1, "cg:afloor", tok)
+
+                return acycle
+
+        else:
+            renew = mode == "async-renew"
+
+            async def setup():
+                async def acycle():
+                    async with lock("cg:async", auto_renew=renew):
+                        pass
+
+                return acycle
+
+        async def main():
+            acycle = await setup()
+            for _ in range(WARMUP):
+                await acycle()
+            for _ in range(n):
+                await acycle()
+
+        asyncio.run(main())
+        return
+    for _ in range(WARMUP + n):
+        cycle()
+
+
+def _instructions(mode: str, n: int, env: dict) -> int:
+    """Return the instructions callgrind counts for ``_inner(mode, n)``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg.out")
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "benchmarks.cycles_cg",
+                "--inner",
+                mode,
+                "-n",
+                str(n),
+            ],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with open(out) as f:
+            text = f.read()
+    match = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError("no instruction total in the callgrind output")
+    return int(match.group(1))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cycles_cg")
+    parser.add_argument("modes", nargs="*", help=f"some of {', '.join(MODES)}")
+    parser.add_argument("-n", type=int, default=1000, help="cycles (default 1000)")
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.inner:
+        _inner(args.inner, args.n)
+        return 0
+    unknown = set(args.modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
+    modes = args.modes or MODES
+    from .servers import RedisServer
+
+    server = RedisServer().start()
+    try:
+        env = {
+            **os.environ,
+            "DISTLOCK_BENCH_REDIS": server.url,
+            "DISTLOCK_BENCH_SQLITE": os.path.join(
+                tempfile.gettempdir(), f"distlock-cg-{os.getpid()}.sqlite3"
+            ),
+            "PYTHONHASHSEED": "0",
+        }
+        per_cycle = {}
+        for mode in modes:
+            base = _instructions(mode, 0, env)
+            total = _instructions(mode, args.n, env)
+            per_cycle[mode] = (total - base) / args.n
+            print(f"{mode:12} {per_cycle[mode]:>10,.0f} instructions per cycle")
+        for mode, ref, target in RATIOS:
+            if mode in per_cycle and ref in per_cycle:
+                ratio = per_cycle[mode] / per_cycle[ref]
+                print(f"{mode} / {ref}: {ratio:.3f} (target {target:.2f})")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

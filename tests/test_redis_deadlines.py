@@ -1,0 +1,184 @@
+"""The asyncio commands of the Redis backend keep their deadline.
+
+The ``redis.asyncio`` connections have no socket timeout of their own (redis-py
+would start a task per write under one): each command runs under one
+deadline instead, ``asyncio.timeout`` on Python 3.11+ and the
+``async_timeout`` package (a dependency of redis-py there) on 3.10. Against a
+paused (SIGSTOP) redis-server every kind of command must still end as a
+LockBackendError within that deadline, leave no cancellation on the task,
+and leave the client usable once the server runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+from django.test import override_settings
+
+from django_distlock import LockBackendError, lock, locks
+from django_distlock.backends.redis.client import async_timeout
+
+from .conftest import redis_locks
+from .servers import RedisServer
+
+pytestmark = pytest.mark.redis
+
+SOCKET_TIMEOUT = 0.3
+CONNECT_TIMEOUT = 0.2
+#: The deadline of one command: the socket timeout plus the connect timeout.
+DEADLINE = SOCKET_TIMEOUT + CONNECT_TIMEOUT
+#: What "promptly" allows beyond the deadline on a loaded machine.
+SLACK = 1.0
+
+
+@pytest.fixture
+def server():
+    """A redis-server of this test alone (it is paused and resumed)."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def settings_on(server):
+    options = {
+        "SOCKET_TIMEOUT": SOCKET_TIMEOUT,
+        "SOCKET_CONNECT_TIMEOUT": CONNECT_TIMEOUT,
+    }
+    with override_settings(
+        LOCKS=redis_locks(server.url, AUTO_RENEW=False, OPTIONS=options)
+    ):
+        try:
+            yield
+        finally:
+            locks.reset()
+
+
+def test_the_deadline_is_asyncio_timeout_or_the_async_timeout_package():
+    if sys.version_info >= (3, 11):
+        assert async_timeout is asyncio.timeout
+    else:
+        import async_timeout as package
+
+        assert async_timeout is package.timeout
+
+
+async def _paused(server, call, *, wait: float = 0.0) -> float:
+    """Pause ``server``, await ``call()`` (which must fail with a
+    LockBackendError naming a timeout) and return the seconds it took."""
+    server.pause()
+    started = time.monotonic()
+    try:
+        with pytest.raises(LockBackendError, match="Timeout"):
+            await call()
+    finally:
+        server.resume()
+    took = time.monotonic() - started
+    assert took < DEADLINE + wait + SLACK, took
+    if sys.version_info >= (3, 11):
+        # The deadline was the command's own: no cancellation is left.
+        assert asyncio.current_task().cancelling() == 0
+    return took
+
+
+async def _usable_again() -> None:
+    async with lock("after", timeout=5):
+        pass
+
+
+def test_acquire_script(server, settings_on):
+    async def scenario():
+        await _usable_again()  # a pooled connection exists
+        took = await _paused(server, lambda: lock("x", timeout=5).aacquire())
+        assert took >= SOCKET_TIMEOUT * 0.8
+        await _usable_again()
+
+    asyncio.run(scenario())
+
+
+def test_release_script(server, settings_on):
+    async def scenario():
+        held = lock("x", ttl=30)
+        assert await held.aacquire(timeout=0)
+        await _paused(server, held.arelease)
+        await _usable_again()
+
+    asyncio.run(scenario())
+
+
+def test_extend_script_and_hget(server, settings_on):
+    async def scenario():
+        async with lock("x", ttl=30) as held:
+            await _paused(server, lambda: held.aextend(30))
+            await _paused(server, held.alocked)
+            assert await held.alocked()
+
+    asyncio.run(scenario())
+
+
+def test_blocking_wait_gets_its_wait_on_top_of_the_deadline(server, settings_on):
+    """A waiter's BLPOP may take its wait and the deadline, no more."""
+
+    async def scenario():
+        holder = lock("x", ttl=30)
+        assert await holder.aacquire(timeout=0)
+        waiter = lock("x", ttl=30, timeout=10)
+        task = asyncio.create_task(waiter.aacquire())
+        await asyncio.sleep(0.1)  # in BLPOP by now
+        server.pause()
+        started = time.monotonic()
+        try:
+            with pytest.raises(LockBackendError, match="Timeout"):
+                await task
+        finally:
+            server.resume()
+        took = time.monotonic() - started
+        # The wait slice under a 0.3 s socket timeout is 0.18 s.
+        assert took < DEADLINE + SOCKET_TIMEOUT + SLACK, took
+        await holder.arelease()
+        await _usable_again()
+
+    asyncio.run(scenario())
+
+
+def test_renewal_pipeline(server, settings_on):
+    backend = locks["default"]
+
+    async def scenario():
+        held = lock("x", ttl=30)
+        assert await held.aacquire(timeout=0)
+        server.pause()
+        started = time.monotonic()
+        try:
+            results = await backend.arenew([held.lease])
+        finally:
+            server.resume()
+        took = time.monotonic() - started
+        assert results == [None]  # unreachable: retried, not lost
+        assert took < DEADLINE + SLACK, took
+        assert await backend.arenew([held.lease]) == [True]
+        await held.arelease()
+
+    asyncio.run(scenario())
+
+
+def test_async_commands_keep_their_deadline_under_a_running_timeout(
+    server, settings_on
+):
+    """A caller's own (longer) timeout around the lock does not replace the
+    command's deadline, and the command's does not fire the caller's."""
+
+    async def scenario():
+        await _usable_again()
+
+        async def guarded():
+            async with async_timeout(30):
+                await lock("x", timeout=5).aacquire()
+
+        await _paused(server, guarded)
+        await _usable_again()
+
+    asyncio.run(scenario())
