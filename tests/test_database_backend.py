@@ -558,3 +558,35 @@ def test_the_backend_names_the_models_table_without_importing_models():
                     module.name,
                     target,
                 )
+
+
+@pytest.mark.parametrize("database", ALL_DATABASES, indirect=True)
+def test_close_while_another_thread_runs_a_statement(database, name):
+    """``close()`` (settings changed, ``locks.reset()``) while the watchdog
+    renews on its own connection: that connection is closed when its
+    statement ends, never under it (SQLite's driver crashes the process)."""
+    backend = _backend()
+    lease = backend.acquire(name, 30, 0)
+    assert lease is not None
+    stop = threading.Event()
+    errors: list[Exception] = []
+
+    def renew() -> None:
+        while not stop.is_set():
+            try:
+                backend.extend(lease, 30)
+            except Exception as e:  # noqa: BLE001 - collected for the assert
+                errors.append(e)
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            backend.close()
+    finally:
+        stop.set()
+        renewer.join()
+    assert errors == []
+    assert backend.is_held(lease)
+    assert backend.release(lease)

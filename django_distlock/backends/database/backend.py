@@ -96,7 +96,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
     def close(self) -> None:
         """Close every thread's connection (they reconnect on next use)."""
         for conn in list(self._connections):
-            conn.finalizer()
+            conn.close()
         self._forget_connections()
 
     # -- the algorithm, one attempt at a time -----------------------------

@@ -52,6 +52,25 @@ class _Connection:
         self._cursor: Any = None
         self.errors = (wrapper.Database.Error, _django_db_error())
         self.finalizer = weakref.finalize(self, _close_raw, wrapper, self.pid)
+        #: Held by the thread running a statement on it (see :meth:`close`).
+        self.busy = threading.RLock()
+        self.close_when_done = False
+
+    def close(self) -> None:
+        """Close it now, or as soon as the statement running on it ends.
+
+        Another thread (the watchdog renewing, a waiter polling) may be in
+        the middle of a statement: closing a driver connection under it is
+        undefined behaviour (SQLite's module can crash the process), so that
+        thread closes it when its call returns.
+        """
+        if self.busy.acquire(blocking=False):
+            try:
+                self.finalizer()
+            finally:
+                self.busy.release()
+        else:
+            self.close_when_done = True
 
     def cursor(self) -> Any:
         """Return the driver's own cursor (no Django wrapping on the hot path)."""
@@ -104,6 +123,8 @@ class _SharedConnection(_Connection):
         self._cursor = None
         self.errors = (self.wrapper.Database.Error, _django_db_error())
         self.finalizer = weakref.finalize(self, lambda: None)
+        self.busy = threading.RLock()
+        self.close_when_done = False
 
     def cursor(self) -> Any:
         from django.db import connections
@@ -271,6 +292,7 @@ class ConnectionsMixin:
         """
         for attempt in (1, 2):
             conn = self._connection()
+            conn.busy.acquire()
             try:
                 return func(conn.cursor(), *args)
             except conn.errors as e:
@@ -280,6 +302,10 @@ class ConnectionsMixin:
                 if attempt == 1 and self._worth_retrying(conn, e):
                     continue
                 raise self._error(e, what) from e
+            finally:
+                conn.busy.release()
+                if conn.close_when_done:  # closed by another thread meanwhile
+                    conn.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
