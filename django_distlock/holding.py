@@ -187,11 +187,7 @@ class Holding:
                 discard_on_loss(lease, canceller)
         if renewer is not None:
             renewer.unregister(lease)
-        try:
-            return locks[self.using], lease
-        except InvalidLockBackendError:
-            self._no_such_alias()
-            raise
+        return self._backend(), lease
 
     def _released(self, backend, lease, ok: bool) -> None:
         if not ok or lease.lost:

@@ -11,8 +11,8 @@ from typing import Any
 
 from .backends.base import EXCLUSIVE, SHARED, BaseLockBackend, Kind, Lease
 from .busy import refuse_kind
-from .exceptions import InvalidLockBackendError, LockBackendError, LockLost
-from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
+from .exceptions import LockBackendError, LockLost
+from .handler import DEFAULT_LOCK_ALIAS, amissing_table, missing_table
 from .holding import DEFAULT, Holding, release_log
 from .losses import LossEvent, _cancellers, _loss_event
 from .options import option_problems, seconds_problem, timeout_problem
@@ -158,11 +158,14 @@ class Lock(Holding, ContextDecorator):
         lease = self.lease
         return lease.fencing_token if lease is not None else None
 
-    def _wait_for(self, blocking: bool, timeout: float | None) -> float | None:
+    def _wait_for(
+        self, backend: BaseLockBackend, blocking: bool, timeout: float | None
+    ) -> float | None:
         if not blocking:
             return 0
         if timeout is DEFAULT:
-            return self.timeout
+            timeout = self._timeout
+            return backend.default_timeout if timeout is DEFAULT else timeout
         problem = timeout_problem(timeout, forever=(None, -1))
         if problem:
             error, text = problem
@@ -185,17 +188,8 @@ class Lock(Holding, ContextDecorator):
                 "holding the lock, and synchronous code has none; use 'async with', "
                 "or check held.lost in synchronous code."
             )
-        try:
-            backend = locks[self.using]
-        except InvalidLockBackendError:
-            self._no_such_alias()
-            raise
-        if blocking and timeout is DEFAULT:
-            wait = self._timeout
-            if wait is DEFAULT:
-                wait = backend.default_timeout
-        else:
-            wait = self._wait_for(blocking, timeout)
+        backend = self._backend()
+        wait = self._wait_for(backend, blocking, timeout)
         ttl = self._ttl
         if ttl is None:
             ttl = backend.default_ttl
@@ -277,7 +271,7 @@ class Lock(Holding, ContextDecorator):
     ) -> bool:
         """Async twin of :meth:`acquire`."""
         backend = self._backend()
-        wait = self._wait_for(blocking, timeout)
+        wait = self._wait_for(backend, blocking, timeout)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
         kind = self.kind
@@ -321,12 +315,8 @@ class Lock(Holding, ContextDecorator):
 
     async def __aenter__(self) -> Lock:
         # aacquire(), inlined: one coroutine less per cycle.
-        try:
-            backend = locks[self.using]
-        except InvalidLockBackendError:
-            self._no_such_alias()
-            raise
-        wait = backend.default_timeout if self._timeout is DEFAULT else self._timeout
+        backend = self._backend()
+        wait = self._wait_for(backend, True, DEFAULT)
         ttl = self._ttl if self._ttl is not None else backend.default_ttl
         started = time.monotonic()
         kind = self.kind

@@ -120,23 +120,13 @@ class _Schedule:
     def add(
         self, backend: BaseLockBackend, lease: Lease, max_hold: float | None = None
     ) -> float:
-        # _schedule() and renewal_due(), inlined: this runs on every
-        # acquisition that renews.
         key = id(lease)
-        deadline, ttl = lease.deadline, lease.ttl
         if max_hold is not None:
             # From just before the acquiring request, as the deadline is.
-            self.bounds[key] = (deadline - ttl + max_hold, max_hold, False)
+            self.bounds[key] = (lease.deadline - lease.ttl + max_hold, max_hold, False)
         elif self.bounds:  # an id may be reused before a collected lease's goes
             self.bounds.pop(key, None)
-        due = deadline - ttl * 2 / 3
-        self.entries[key] = (
-            backend,
-            weakref.ref(lease),
-            due,
-            due - ttl * EARLY_FRACTION,
-        )
-        return due
+        return self._schedule(backend, lease)
 
     def remove(self, lease: Lease) -> None:
         self.entries.pop(id(lease), None)
@@ -267,10 +257,8 @@ class _ThreadLane:
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""
-        key = id(lease)
         with self._lock:
-            self._schedule.entries.pop(key, None)
-            self._schedule.bounds.pop(key, None)
+            self._schedule.remove(lease)
 
     def _run(self) -> None:
         try:
@@ -340,9 +328,7 @@ class _AsyncLane:
 
     def unregister(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""
-        key = id(lease)
-        self._schedule.entries.pop(key, None)
-        self._schedule.bounds.pop(key, None)
+        self._schedule.remove(lease)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -229,7 +229,7 @@ class RedisLockBackend(
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
     ) -> Generator[Command, Any, Lease | None]:
-        keys = self._keys.get(name) or self.keys_for(name)
+        keys = self.keys_for(name)
         token = token or new_token()
         host, pid, thread = holder_identity()
         start = time.monotonic()
