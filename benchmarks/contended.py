@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from .core import pct
+from .core import pct, stop_workers
 
 DISTLOCK = "django_distlock, auto_renew on (default)"
 DISTLOCK_NORENEW = "django_distlock, auto_renew off"
@@ -288,11 +288,5 @@ def run(ctx) -> dict:
                 )
                 ctx.progress(f"{kind}, round {r + 1}/{rounds}")
     finally:
-        for q in tasks:
-            q.put(None)
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        stop_workers(tasks, procs)
     return {"outcomes": {n: merge(o) for n, o in by_name.items()}}

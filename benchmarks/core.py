@@ -110,3 +110,15 @@ def ratio_of(series: Series, base: Series) -> tuple[float, float, float]:
 
 def median(values):
     return statistics.median(values) if values else math.nan
+
+
+def stop_workers(tasks, procs) -> None:
+    """Tell every worker process to stop (a None task) and wait for it,
+    terminating one that does not stop within 10 s."""
+    for q in tasks:
+        q.put(None)
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.terminate()
+            p.join()

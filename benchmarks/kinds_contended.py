@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from .core import pct
+from .core import pct, stop_workers
 
 WORKERS = 8
 LIMIT = 3
@@ -237,13 +237,7 @@ def run(ctx, backends: dict[str, str]) -> dict:
                     )
                     ctx.progress(f"{label}, {kind}, round {r + 1}/{rounds}")
     finally:
-        for q in tasks:
-            q.put(None)
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        stop_workers(tasks, procs)
     return {
         label: {kind: merge(o) for kind, o in kinds.items()}
         for label, kinds in by.items()
