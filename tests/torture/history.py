@@ -178,6 +178,14 @@ def _history(text: str) -> list[tuple[int, str]]:
     return entries
 
 
+def _granted_before(late: dict, section: dict) -> bool:
+    """Whether ``late``, which started during ``section``, was granted before
+    it: its holder heard of the grant late, its lease lapsed meanwhile (so it
+    reported the loss), and the tokens prove the order of the grants."""
+    a, b = late.get("token"), section.get("token")
+    return late["rel"] != "ok" and isinstance(a, int) and isinstance(b, int) and a < b
+
+
 def check(
     scenario: str,
     backend: str,
@@ -195,7 +203,10 @@ def check(
       the earlier one's release succeeded (it held the lease all along, so
       the later one was granted a lock that was not free). Overlaps with an
       earlier section whose loss was reported (``LockLost``, or a backend
-      error at release) are the fencing case and are counted apart;
+      error at release) are the fencing case and are counted apart, and so
+      are overlaps with a later section that reported its loss and holds a
+      smaller fencing token: it was granted first and heard of it late
+      (paused, or its reply delayed), after its lease had lapsed;
     - lost updates: a section that wrote successfully and released
       successfully whose entry is missing from a record;
     - stale writes accepted: a fenced record whose accepted tokens do not
@@ -242,6 +253,8 @@ def check(
                 if later["start"] >= earlier["end"]:
                     break
                 if reentrant and later["w"] == earlier["w"]:
+                    continue
+                if _granted_before(later, earlier):
                     continue
                 if earlier["rel"] == "ok":
                     verdict.overlaps += 1

@@ -55,3 +55,18 @@ def test_release_table_counts_each_oracle():
     assert "| t | redlock | 2 | 1 | 1 |" in text
     assert "n/a (no fault window)" in text
     assert "3 runs, 5 critical sections checked by both oracles, 2 violations" in text
+
+
+def test_a_grant_heard_late_is_no_overlap():
+    # The PostgreSQL soak of the first release run: w1 was granted token 347,
+    # then SIGSTOPped before the reply reached it; its lease lapsed, w2 took
+    # token 384, and w1 resumed (and started its section) during w2's. The
+    # tokens prove w1's grant came first; w1 reported the loss.
+    w2 = {**cs("n", 1.0, 1.2, w="w2"), "token": 384}
+    w1 = {**cs("n", 1.1, 1.3, rel="lost", w="w1"), "inv": 0.0, "token": 347}
+    verdict = check("s", "postgres", [w2, w1], {})
+    assert (verdict.overlaps, verdict.nonlinearizable) == (0, 0)
+    assert verdict.reported_losses == 1
+    # A later token in the same place is a second grant of a held lock.
+    verdict = check("s", "postgres", [w2, {**w1, "token": 400}], {})
+    assert verdict.overlaps == 1
