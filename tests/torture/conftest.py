@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.test import override_settings
 
@@ -71,6 +73,26 @@ def _servants():
 @pytest.fixture
 def kind():
     raise AssertionError("parametrize 'kind' with backends(...)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep every N-th scenario when ``DISTLOCK_TORTURE_SHARD`` is ``i/N``.
+
+    ``scripts/torture --shards N`` runs N pytest sessions side by side (each
+    with its own servers, worker pool and test databases); the scenarios wait
+    on sleeps and round trips more than on the CPU, so the machine checks more
+    sections per second that way.
+    """
+    shard = os.environ.get("DISTLOCK_TORTURE_SHARD")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    keep, drop = [], []
+    for position, item in enumerate(items):
+        (keep if position % count == index else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_terminal_summary(terminalreporter):
