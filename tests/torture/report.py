@@ -61,7 +61,9 @@ def met(row: dict) -> str:
 
 
 def release_table(rows: list[dict]) -> str:
-    """Return the release table: one row per fault and backend."""
+    """Return the release table: one row per fault and backend (sorted: the
+    runs of ``--shards`` report in the order they end)."""
+    rows = sorted(rows, key=lambda r: (r["scenario"], r["backend"]))
     lines = [
         "| fault | backend | sections checked | interval checker violations "
         "| mutex model violations | longest unavailability after the fault "
