@@ -24,6 +24,10 @@ def _django_state() -> dict[str, Any]:
             for alias in settings.DATABASES
         },
         "locks": getattr(settings, "LOCKS", None),
+        # pytest-django runs tests with DEBUG off; so do the workers (with
+        # it on, Django keeps every query and its parameters in memory: the
+        # torture workers' growing records came to about 1 GB a worker).
+        "debug": settings.DEBUG,
     }
 
 
@@ -33,6 +37,7 @@ def _init_worker(state: dict[str, Any]) -> None:
     from django.conf import settings as s
 
     django.setup()
+    s.DEBUG = state.get("debug", s.DEBUG)
     for alias, name in state["db_names"].items():
         s.DATABASES[alias]["NAME"] = name
         connections[alias].settings_dict["NAME"] = name
