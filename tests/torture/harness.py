@@ -340,7 +340,7 @@ class Run:
         from django.db import connections
 
         db_names = {a: connections[a].settings_dict["NAME"] for a in settings.DATABASES}
-        self.procs = servants(len(self.configs))
+        self.procs = self.pool(len(self.configs))
         for servant_, cfg in zip(self.procs, self.configs):
             servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
         _ACTIVE.append(self)
@@ -353,6 +353,10 @@ class Run:
                 raise AssertionError("a worker died while starting")
             time.sleep(0.05)
         return self
+
+    def pool(self, count: int) -> list[Servant]:
+        """Return ``count`` idle worker processes for this run's jobs."""
+        return servants(count)
 
     def events(self, kind: str | None = None) -> list[dict]:
         events = read_events(self.log_dir)

@@ -27,12 +27,11 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 
 from ..procs import start_process
 from .conftest import backends
-from .harness import _ACTIVE, Env, Run, Servant, abort_runs, make_env
+from .harness import Env, Run, Servant, abort_runs, make_env
 from .history import Verdict, check
 from .kinds_workers import kinds_servant
 
@@ -211,23 +210,8 @@ class KindsRun(Run):
         extra = {"limit": limit, "writers": writers}
         super().__init__(scenario, env, tmp_path, records=(), extra=extra, **kw)
 
-    def start(self) -> KindsRun:
-        assert settings.LOCKS == self.env.locks, "LOCKS must be in force first"
-        from django.db import connections
-
-        db_names = {a: connections[a].settings_dict["NAME"] for a in settings.DATABASES}
-        self.procs = kinds_servants(len(self.configs))
-        for servant_, cfg in zip(self.procs, self.configs):
-            servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
-        _ACTIVE.append(self)  # abort_runs() stops it if the test fails
-        deadline = time.monotonic() + 120
-        while len(self.events("ready")) < len(self.procs):
-            if time.monotonic() > deadline:
-                raise AssertionError("the workers did not start")
-            if not all(s.alive() for s in self.procs):
-                raise AssertionError("a worker died while starting")
-            time.sleep(0.05)
-        return self
+    def pool(self, count: int) -> list[KindsServant]:
+        return kinds_servants(count)
 
     def verdict(self) -> Verdict:
         return check_kinds(
