@@ -31,8 +31,8 @@ from django.test import override_settings
 
 from ..procs import start_process
 from .conftest import backends
-from .harness import Env, Run, Servant, abort_runs, make_env
-from .history import Verdict, check
+from .harness import AVAILABILITY_TARGET, Env, Run, Servant, abort_runs, make_env
+from .history import Verdict, check, names_free_after
 from .kinds_workers import kinds_servant
 
 LIMIT = 3
@@ -159,6 +159,7 @@ def check_kinds(
         verdict.recovered_workers = len(
             {s["w"] for s in sections if s["start"] > fault_end and _confirmed(s)}
         )
+        verdict.names_free_after = names_free_after(sections, fault_end)
     else:
         verdict.recovered_workers = len({s["w"] for s in sections})
     return verdict
@@ -214,9 +215,12 @@ class KindsRun(Run):
         return kinds_servants(count)
 
     def verdict(self) -> Verdict:
-        return check_kinds(
+        verdict = check_kinds(
             self.scenario, self.env.kind, self.events(), self.fault_end, self.limit
         )
+        verdict.probe_free_after = self.probe_free_after
+        verdict.target = max(AVAILABILITY_TARGET, self.ttl)
+        return verdict
 
 
 # -- backends ----------------------------------------------------------------------
