@@ -72,6 +72,9 @@ class Verdict:
     token_regressions: int = 0
     contract_errors: int = 0
     nonlinearizable: int = 0
+    #: Whether the mutex model judged the history (not for reentrant
+    #: backends or readers and writers and permits, which it does not model).
+    mutex_checked: bool = False
     fenced_off: int = 0
     reported_losses: int = 0
     recovered_workers: int = 0
@@ -296,6 +299,7 @@ def check(
 
     if not reentrant:
         mutex = check_mutex(events)
+        verdict.mutex_checked = True
         verdict.nonlinearizable = mutex.violations
         verdict.notes.extend(mutex.notes[:3])
 

@@ -50,6 +50,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _mutex(row: dict) -> str:
+    """The mutex model's count, or n/a where it does not apply (reentrant
+    backends, readers and writers, permits: not one holder at a time)."""
+    return str(row["nonlinearizable"]) if row.get("mutex_checked", True) else "n/a"
+
+
 def met(row: dict) -> str:
     """Return whether a run met the availability target after its fault."""
     if not row.get("fault"):
@@ -76,7 +82,7 @@ def release_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['scenario']} | {r['backend']} | {r['critical_sections']:,} "
             f"| {r.get('interval_violations', r['violations'])} "
-            f"| {r['nonlinearizable']} | {_seconds(_gap(r))} ({names} / {probe}) "
+            f"| {_mutex(r)} | {_seconds(_gap(r))} ({names} / {probe}) "
             f"| {r.get('target', 2.0):.0f} s | {met(r)} |"
         )
     total = sum(r["critical_sections"] for r in rows)

@@ -70,3 +70,8 @@ def test_a_grant_heard_late_is_no_overlap():
     # A later token in the same place is a second grant of a held lock.
     verdict = check("s", "postgres", [w2, {**w1, "token": 400}], {})
     assert verdict.overlaps == 1
+
+
+def test_mutex_column_says_where_the_model_does_not_apply():
+    nested = check("r", "reentrant", [cs("a", 1, 2)], {}, reentrant=True).as_dict()
+    assert "| r | reentrant | 1 | 0 | n/a |" in release_table([nested])
