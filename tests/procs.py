@@ -37,7 +37,7 @@ def _init_worker(state: dict[str, Any]) -> None:
     from django.conf import settings as s
 
     django.setup()
-    s.DEBUG = state.get("debug", s.DEBUG)
+    s.DEBUG = state["debug"]
     for alias, name in state["db_names"].items():
         s.DATABASES[alias]["NAME"] = name
         connections[alias].settings_dict["NAME"] = name

@@ -535,7 +535,15 @@ class Run:
         return records
 
     def verdict(self) -> Verdict:
-        verdict = check(
+        """Judge the run, with its availability figures and target."""
+        verdict = self.judge()
+        verdict.probe_free_after = self.probe_free_after
+        verdict.target = max(AVAILABILITY_TARGET, self.ttl)
+        return verdict
+
+    def judge(self) -> Verdict:
+        """Check the workers' history (the exclusive-lock oracles)."""
+        return check(
             self.scenario,
             self.env.kind,
             self.events(),
@@ -543,9 +551,6 @@ class Run:
             fault_end=self.fault_end,
             reentrant=self.env.reentrant,
         )
-        verdict.probe_free_after = self.probe_free_after
-        verdict.target = max(AVAILABILITY_TARGET, self.ttl)
-        return verdict
 
 
 def abort_runs() -> None:

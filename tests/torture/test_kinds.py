@@ -31,7 +31,7 @@ from django.test import override_settings
 
 from ..procs import start_process
 from .conftest import backends
-from .harness import AVAILABILITY_TARGET, Env, Run, Servant, abort_runs, make_env
+from .harness import Env, Run, Servant, abort_runs, make_env
 from .history import Verdict, check, names_free_after
 from .kinds_workers import kinds_servant
 
@@ -214,13 +214,10 @@ class KindsRun(Run):
     def pool(self, count: int) -> list[KindsServant]:
         return kinds_servants(count)
 
-    def verdict(self) -> Verdict:
-        verdict = check_kinds(
+    def judge(self) -> Verdict:
+        return check_kinds(
             self.scenario, self.env.kind, self.events(), self.fault_end, self.limit
         )
-        verdict.probe_free_after = self.probe_free_after
-        verdict.target = max(AVAILABILITY_TARGET, self.ttl)
-        return verdict
 
 
 # -- backends ----------------------------------------------------------------------
