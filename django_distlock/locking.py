@@ -116,9 +116,7 @@ class Lock(Holding, ContextDecorator):
     @property
     def timeout(self) -> float | None:
         """How long :meth:`acquire` waits by default (None: forever)."""
-        if self._timeout is DEFAULT:
-            return self.backend.default_timeout
-        return self._timeout
+        return self._wait_for(self.backend, True, DEFAULT)
 
     @property
     def auto_renew(self) -> bool:
