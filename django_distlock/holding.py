@@ -50,8 +50,9 @@ DEFAULT: Any = _Default()
 class Holding:
     """The lease bookkeeping of a lock handle (a mixin of ``Lock``).
 
-    ``_leases`` holds ``(lease, renewer)`` pairs, innermost last; the
-    renewer is the watchdog lane renewing the lease, or None.
+    ``_leases`` holds ``(lease, renewer, backend)`` triples, innermost
+    last; the renewer is the watchdog lane renewing the lease, or None, and
+    the backend the one that granted it (which releases it).
     """
 
     name: str
@@ -60,7 +61,7 @@ class Holding:
     _auto_renew: bool | None
     _max_hold: Any
     _cancel_on_lost: bool
-    _leases: list[tuple[Lease, Any]]
+    _leases: list[tuple[Lease, Any, BaseLockBackend]]
     _last_lease: Lease | None
 
     def _acquired(
@@ -93,9 +94,9 @@ class Holding:
             if max_hold is DEFAULT:
                 max_hold = backend.max_hold
             renewer.register(backend, lease, max_hold)
-            self._leases.append((lease, renewer))
+            self._leases.append((lease, renewer, backend))
         else:
-            self._leases.append((lease, None))
+            self._leases.append((lease, None, backend))
         if self._cancel_on_lost:
             task = running_task()
             if task is not None:
@@ -164,9 +165,8 @@ class Holding:
     def _current(self) -> tuple[BaseLockBackend, Lease]:
         if not self._leases:
             raise self._not_held()
-        lease = self._leases[-1][0]
+        lease, _, backend = self._leases[-1]
         lease.check_owner_process()
-        backend = self._backend()
         if lease.lost:
             self._lost(backend, lease, "the lease was lost earlier")
         return backend, lease
@@ -175,7 +175,7 @@ class Holding:
         leases = self._leases
         if not leases:
             raise self._not_held()
-        lease, renewer = leases[-1]
+        lease, renewer, backend = leases[-1]
         lease.check_owner_process()
         leases.pop()
         self._last_lease = lease
@@ -187,7 +187,7 @@ class Holding:
                 discard_on_loss(lease, canceller)
         if renewer is not None:
             renewer.unregister(lease)
-        return self._backend(), lease
+        return backend, lease
 
     def _released(self, backend, lease, ok: bool) -> None:
         if not ok or lease.lost:

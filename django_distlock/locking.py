@@ -93,7 +93,7 @@ class Lock(Holding, ContextDecorator):
         self.on_lost = on_lost
         self._max_hold = max_hold
         self._cancel_on_lost = on_lost == "cancel"
-        self._leases: list[tuple[Lease, Any]] = []
+        self._leases: list[tuple[Lease, Any, BaseLockBackend]] = []
         self._last_lease: Lease | None = None
 
     def __repr__(self) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import socket
 import threading
 import time
@@ -69,8 +68,9 @@ def current_pid() -> int:
 
 
 def new_token() -> str:
-    """Return a fresh unguessable lease token (128 bits of randomness)."""
-    return secrets.token_urlsafe(16)
+    """Return a fresh unguessable lease token (128 bits of randomness, hex)."""
+    # secrets.token_hex(16), without its two Python-level calls per lease.
+    return os.urandom(16).hex()
 
 
 def running_task() -> asyncio.Task | None:

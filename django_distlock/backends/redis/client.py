@@ -232,7 +232,7 @@ class RedisClients:
         ``evalsha`` does after two calls more) spares every cycle the
         ``Script`` call's own work: an import, a type test, argument tuples.
         """
-        script = self.script(lua)
+        script = self._scripts.get(lua.name) or self.script(lua)
         try:
             return self.client.execute_command(
                 "EVALSHA", script.sha, len(keys), *keys, *args

@@ -27,18 +27,15 @@ LEASE_FIELDS = ("t", "f", "n", "h", "p", "th", "a")
 class LockKeys:
     """The Redis keys of one lock name (all in one cluster hash slot)."""
 
-    __slots__ = ("lease", "queue", "records", "wake_prefix")
+    __slots__ = ("lease", "queue", "records", "wake_prefix", "triple")
 
     def __init__(self, prefix: str, name: str):
         self.lease = f"{prefix}:{{{name_digest(name)}}}"
         self.queue = self.lease + ":q"
         self.records = self.lease + ":r"
         self.wake_prefix = self.lease + ":w:"
-
-    @property
-    def triple(self) -> tuple[str, str, str]:
-        """Return the lease, queue and records keys (most scripts take these)."""
-        return (self.lease, self.queue, self.records)
+        #: The lease, queue and records keys (most scripts take these).
+        self.triple = (self.lease, self.queue, self.records)
 
 
 def ms(seconds: float) -> int:

@@ -163,8 +163,6 @@ class RedisLockBackend(
     # -- executors --------------------------------------------------------
 
     def _execute(self, command: Command) -> Any:
-        import redis
-
         kind = command[0]
         try:
             if kind == "eval":
@@ -175,13 +173,16 @@ class RedisLockBackend(
                 return self.redis.client.hget(command[1], command[2])
             if kind == "waited":
                 return self._waited(command[1])
-        except redis.exceptions.RedisError as e:
-            raise self._error(e, kind) from e
+        except Exception as e:
+            # redis-py is imported here, off the path of a command that works.
+            import redis
+
+            if isinstance(e, redis.exceptions.RedisError):
+                raise self._error(e, kind) from e
+            raise
         raise AssertionError(f"unknown command {kind!r}")
 
     async def _aexecute(self, command: Command) -> Any:
-        import redis
-
         kind = command[0]
         deadline = self.redis.adeadline
         try:
@@ -205,10 +206,15 @@ class RedisLockBackend(
                     deadline += command[1][2]
                 async with async_timeout(deadline):
                     return await self._awaited(command[1])
-        except redis.exceptions.RedisError as e:
-            raise self._error(e, kind) from e
-        except asyncio.TimeoutError as e:  # TimeoutError from Python 3.11 on
-            raise self._error(redis.exceptions.TimeoutError("Timeout"), kind) from e
+        except Exception as e:
+            import redis
+
+            if isinstance(e, redis.exceptions.RedisError):
+                raise self._error(e, kind) from e
+            if isinstance(e, asyncio.TimeoutError):  # TimeoutError from 3.11 on
+                timeout = redis.exceptions.TimeoutError("Timeout")
+                raise self._error(timeout, kind) from e
+            raise
         raise AssertionError(f"unknown command {kind!r}")
 
     # -- the algorithm, as command generators -----------------------------
