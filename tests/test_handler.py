@@ -111,3 +111,18 @@ def test_explicit_settings_dict():
     assert isinstance(backend, LocMemLockBackend)
     assert handler["mine"] is backend
     handler.close_all()
+
+
+def test_a_lease_is_released_by_the_backend_that_granted_it():
+    # LOCKS changed while the lock was held: the release still reaches the
+    # table that holds the lease, not the new setting's.
+    table_a = {"default": {"BACKEND": LOCMEM, "LOCATION": "granted-here"}}
+    table_b = {"default": {"BACKEND": LOCMEM, "LOCATION": "elsewhere"}}
+    with override_settings(LOCKS=table_a):
+        held = lock("x")
+        assert held.acquire(timeout=0)
+    with override_settings(LOCKS=table_b):
+        held.release()  # no LockLost: the lease was found where it was granted
+    with override_settings(LOCKS=table_a):
+        with lock("x", timeout=0):
+            pass  # free again
