@@ -23,6 +23,7 @@ from django.test import override_settings
 from django_distlock import locks
 from django_distlock.backends.database import DatabaseLockBackend
 from django_distlock.backends.kinds import EXCLUSIVE, SHARED, permit
+from django_distlock.exceptions import LockBackendError
 from django_distlock.models import LockShare
 
 from . import kinds_workers
@@ -561,3 +562,33 @@ def test_exclusive_locks_before_the_share_table(request, alias, name):
     finally:
         locks.reset()
         call_command("migrate", "django_distlock", database=alias, verbosity=0)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def test_postgres_shares_need_migration_0004(request, name):
+    # On PostgreSQL shared leases and permits are taken by the function that
+    # migration 0004 installs: without it, a clear error that says so, and
+    # exclusive locks go on working.
+    from django.core.management import call_command
+
+    request.getfixturevalue("postgres_available")
+    setting = {"default": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": "postgres"}}}
+    call_command("migrate", "django_distlock", "0003", database="postgres", verbosity=0)
+    try:
+        with override_settings(LOCKS=setting):
+            backend = locks["default"]
+            with pytest.raises(LockBackendError, match="manage.py migrate"):
+                backend.acquire(name, 10, 0, SHARED)
+            with pytest.raises(LockBackendError, match="manage.py migrate"):
+                backend.acquire(name, 10, 0, permit(3))
+            held = backend.acquire(name, 10, 0)
+            assert backend.release(held)
+    finally:
+        locks.reset()
+        call_command("migrate", "django_distlock", database="postgres", verbosity=0)
+    with override_settings(LOCKS=setting):
+        backend = locks["default"]
+        reader = backend.acquire(name, 10, 0, SHARED)
+        assert reader is not None and backend.release(reader)
+    locks.reset()

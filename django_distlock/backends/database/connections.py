@@ -347,7 +347,7 @@ class ConnectionsMixin:
     def _error(self, exc: Exception, what: str) -> LockBackendError:
         message = str(exc).strip()
         hint = ""
-        if "lockrecord" in message.lower() or "lockshare" in message.lower():
+        if any(t in message.lower() for t in ("lockrecord", "lockshare", "distlock_")):
             hint = " (has `manage.py migrate` been run on that database?)"
         elif "database is locked" in message:
             hint = (

@@ -50,6 +50,9 @@ class Dialect:
     remaining = ""
     insert_ignore = "INSERT INTO"
     on_conflict = " ON CONFLICT (digest) DO NOTHING"
+    #: Shared leases and permits are taken and given back by one call of a
+    #: server-side function (migration 0004), not statement by statement.
+    share_functions = False
 
     def ttl_param(self, seconds: float) -> Any:
         """Return ``seconds`` as the parameter of :attr:`later`."""
@@ -245,6 +248,7 @@ class PostgresDialect(Dialect):
     """PostgreSQL: ``clock_timestamp()``, UPDATE ... RETURNING."""
 
     vendor = "postgresql"
+    share_functions = True
     now = "clock_timestamp()"
     later = "clock_timestamp() + make_interval(secs => %s)"
     remaining = "EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))"
@@ -263,6 +267,15 @@ class PostgresDialect(Dialect):
             "SELECT count(*), pg_notify(%s, '') IS NULL FROM r"
         )
         sql["notify"] = "SELECT pg_notify(%s, '') IS NULL"
+        sql["share_acquire"] = (
+            "SELECT o_fence, o_wait, o_limit FROM distlock_share_acquire("
+            "%s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, "
+            "%s::text, %s::integer, %s::text, %s::float8, %s::float8, %s::float8)"
+        )
+        sql["share_release"] = (
+            "SELECT o_found, o_live FROM "
+            "distlock_share_release(%s::text, %s::text, %s::text)"
+        )
 
 
 class MySQLDialect(Dialect):

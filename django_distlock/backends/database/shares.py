@@ -11,7 +11,10 @@ per permit.
 
 Every change to the holders of a name runs in one transaction that first
 locks the name's row (``SELECT ... FOR UPDATE``; on SQLite, ``BEGIN
-IMMEDIATE`` locks the file), so two acquirers never both see room.
+IMMEDIATE`` locks the file), so two acquirers never both see room. On
+PostgreSQL, taking and giving back a shared lease or a permit are each one
+call of a function that migration 0004 installs: the same steps, run inside
+the server in one round trip instead of about eight with the row locked.
 
 Queues, as rows that expire unless their waiter renews them at each attempt
 (:data:`WAITER_TTL`), so a dead waiter holds nobody up for long:
@@ -67,6 +70,13 @@ def _no_share_table(exc: Exception) -> bool:
     if exc.args and exc.args[0] == 1146:  # MySQL/MariaDB: no such table
         return True
     return "no such table" in str(exc)  # SQLite
+
+
+def _limit_mismatch(name: str, held: int, limit: int | None) -> ValueError:
+    return ValueError(
+        f"Semaphore {name!r} has {held} permits, not {limit}: "
+        "every holder must pass the same limit."
+    )
 
 
 class SharesMixin:
@@ -149,6 +159,10 @@ class SharesMixin:
         kind: Kind,
     ) -> tuple[int | None, float]:
         """Try once for a shared lease or a permit, in one transaction."""
+        if self._dialect.share_functions:
+            return self._attempt_share_call(
+                cursor, name, digest, token, ttl, identity, kind
+            )
 
         def grant(cur: Any) -> tuple[int | None, float]:
             run = self._statement
@@ -183,6 +197,43 @@ class SharesMixin:
             self._queued.discard(token)
         return result
 
+    def _attempt_share_call(
+        self,
+        cursor: Any,
+        name: str,
+        digest: str,
+        token: str,
+        ttl: float,
+        identity: tuple[str, int, str],
+        kind: Kind,
+    ) -> tuple[int | None, float]:
+        """Try once, by one call of the server's function (PostgreSQL)."""
+        host, pid, thread = identity
+        params = (
+            digest,
+            self.key_prefix,
+            encode_name(name),
+            kind.mode,
+            kind.limit,
+            token,
+            host,
+            pid,
+            thread,
+            float(ttl),
+            self._waiter_ttl(),
+            QUEUED_HINT,
+        )
+        self._statement(cursor, "share_acquire", params)
+        fence, wait, other = cursor.fetchall()[0]
+        if other is not None:
+            raise _limit_mismatch(name, other, kind.limit)
+        if fence is None:
+            if kind.mode == "permit":
+                self._queued.add(token)  # the function kept its place
+            return None, float(wait)
+        self._queued.discard(token)
+        return int(fence), 0.0
+
     def _permit_room(
         self,
         cur: Any,
@@ -200,10 +251,7 @@ class SharesMixin:
         run(cur, "permit_limits", (digest, kind.limit))
         others = cur.fetchall()
         if others:
-            raise ValueError(
-                f"Semaphore {name!r} has {others[0][0]} permits, not {kind.limit}: "
-                "every holder must pass the same limit."
-            )
+            raise _limit_mismatch(name, others[0][0], kind.limit)
         run(cur, "permit_count", (digest,))
         held, soonest = cur.fetchall()[0]
         run(cur, "queue_ahead", (digest, token))
@@ -290,7 +338,14 @@ class SharesMixin:
                 cur.fetchall()
         return True, bool(live)
 
-    def _release_share_once(self, cursor: Any, digest: str, token: str) -> bool:
+    def _release_share_once(
+        self, cursor: Any, digest: str, token: str
+    ) -> tuple[bool, bool]:
+        if self._dialect.share_functions:
+            channel = _channel(digest) if self.wait_notify else None
+            self._statement(cursor, "share_release", (digest, token, channel))
+            found, live = cursor.fetchall()[0]
+            return bool(found), bool(live)
         return self._transaction(cursor, lambda cur: self._unshare(cur, digest, token))
 
     def _release_share(self, lease: Lease) -> bool:
