@@ -167,10 +167,13 @@ CREATE OR REPLACE FUNCTION distlock_share_release(
     OUT o_found boolean, OUT o_live boolean)
 LANGUAGE plpgsql AS $$
 -- Remove the shared lease, permit or queued place p_token of p_digest;
--- o_live: it was a live lease. With p_channel, NOTIFY the waiters.
+-- o_live: it was a live lease. With p_channel (the name's channel), wake
+-- the waiters: a permit's first in line, a shared lease's all of them.
 DECLARE
     v_kind text;
+    v_limit integer;
     v_mark text;
+    v_waiter text;
 BEGIN
     -- As for an exclusive release: a release lost in a server crash leaves
     -- the lease taken until it expires, so it need not wait for the flush.
@@ -178,7 +181,8 @@ BEGIN
     PERFORM 1 FROM django_distlock_lockrecord WHERE digest = p_digest FOR UPDATE;
     DELETE FROM django_distlock_lockshare
      WHERE token = p_token AND digest = p_digest
-    RETURNING expires_at > clock_timestamp(), kind INTO o_live, v_kind;
+    RETURNING expires_at > clock_timestamp(), kind, permits
+         INTO o_live, v_kind, v_limit;
     o_found := FOUND;
     IF NOT o_found THEN
         o_live := false;
@@ -198,7 +202,24 @@ BEGIN
                     WHERE digest = p_digest AND kind = v_kind
                       AND expires_at > clock_timestamp()), expires_at)
          WHERE digest = p_digest AND token = v_mark;
-        IF p_channel IS NOT NULL THEN
+        IF p_channel IS NULL THEN
+            NULL;  -- waiters poll (WAIT = "poll")
+        ELSIF v_kind = 'permit' THEN
+            -- Wake only the waiters first in line, one per free permit, each
+            -- on its own channel ('distlock_' and its token).
+            FOR v_waiter IN
+                SELECT token FROM django_distlock_lockshare
+                 WHERE digest = p_digest AND kind = 'queued'
+                   AND expires_at > clock_timestamp()
+                 ORDER BY id
+                 LIMIT greatest(0, v_limit - (
+                     SELECT count(*) FROM django_distlock_lockshare
+                      WHERE digest = p_digest AND kind = 'permit'
+                        AND expires_at > clock_timestamp()))
+            LOOP
+                PERFORM pg_notify('distlock_' || left(v_waiter, 40), '');
+            END LOOP;
+        ELSE
             PERFORM pg_notify(p_channel, '');
         END IF;
     END IF;

@@ -39,9 +39,13 @@ NOTIFY_SAFETY_WAIT = 1.0
 Steps = Generator[tuple[str, Any], Any, Any]
 
 
-def _channel(digest: str) -> str:
-    """Return the LISTEN/NOTIFY channel of a lock (hex: a safe identifier)."""
-    return "distlock_" + digest[:40]
+def _channel(key: str) -> str:
+    """Return the LISTEN/NOTIFY channel of a lock's digest or a waiter's token.
+
+    Hex: a safe identifier. A digest has 64 digits and a token 32, so the
+    two never share a channel (migration 0004 names a waiter's the same way).
+    """
+    return "distlock_" + key[:40]
 
 
 class WaitingMixin:
@@ -76,26 +80,32 @@ class WaitingMixin:
             state = self._local.listen = (raw, set())
         return state[1]
 
-    def _listen_and_attempt(self, cursor: Any, channel: str, *args: Any) -> Any:
+    def _listen_and_attempt(
+        self, cursor: Any, channels: tuple[str, ...], *args: Any
+    ) -> Any:
         listening = self._listening(cursor)
-        if channel not in listening:
-            # LISTEN before the attempt: a release committed after the
-            # attempt is then sure to be delivered (no lost wakeup).
-            cursor.execute(f"LISTEN {channel}")
-            listening.add(channel)
+        for channel in channels:
+            if channel not in listening:
+                # LISTEN before the attempt: a release committed after the
+                # attempt is then sure to be delivered (no lost wakeup).
+                cursor.execute(f"LISTEN {channel}")
+                listening.add(channel)
         return self._attempt(cursor, *args)
 
-    def _wait_notified(self, cursor: Any, channel: str, timeout: float) -> None:
-        if channel not in self._listening(cursor):
+    def _wait_notified(
+        self, cursor: Any, channels: tuple[str, ...], timeout: float
+    ) -> None:
+        if not self._listening(cursor).issuperset(channels):
             return  # reconnected meanwhile: attempt (and LISTEN) again now
         for _ in cursor.connection.notifies(timeout=timeout, stop_after=1):
             break
 
-    def _unlisten(self, cursor: Any, channel: str) -> None:
+    def _unlisten(self, cursor: Any, channels: tuple[str, ...]) -> None:
         listening = self._listening(cursor)
-        if channel in listening:
-            listening.discard(channel)
-            cursor.execute(f"UNLISTEN {channel}")
+        for channel in channels:
+            if channel in listening:
+                listening.discard(channel)
+                cursor.execute(f"UNLISTEN {channel}")
 
     def _acquire_notified(
         self,
@@ -108,7 +118,12 @@ class WaitingMixin:
     ) -> Lease | None:
         digest = self._digest(name) if kind is None else self._kind_digest(name, kind)
         token = secrets.token_hex(16)
-        channel = _channel(digest)
+        channels: tuple[str, ...] = (_channel(digest),)
+        if kind is not None and kind.mode == "permit":
+            # A release wakes the waiters first in line on channels of their
+            # own (migration 0004); the lock's channel still wakes them all,
+            # when a waiter ahead gives up.
+            channels += (_channel(token),)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         args = (name, digest, token, ttl, identity)
         if kind is not None:
@@ -120,17 +135,17 @@ class WaitingMixin:
                 while fence is None and not (handoff and handoff.abandoned):
                     sent = time.monotonic()
                     fence, hint = self._try_acquire(
-                        args, self._listen_and_attempt, channel
+                        args, self._listen_and_attempt, channels
                     )
                     left = deadline - time.monotonic()
                     if fence is not None or left <= 0:
                         break
                     if hint:
                         wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
-                        self._call("wait", self._wait_notified, channel, wait)
+                        self._call("wait", self._wait_notified, channels, wait)
             finally:
                 try:
-                    self._call("stop listening", self._unlisten, channel)
+                    self._call("stop listening", self._unlisten, channels)
                 except LockBackendError:
                     pass
         if fence is None:
