@@ -437,6 +437,10 @@ class TestWaiters:
                 assert time.monotonic() - started < 5
 
 
+def _reading_ahead() -> bool:
+    return any(t.name == "distlock-list" for t in threading.enumerate())
+
+
 def holder_key(backend, name) -> bytes:
     return backend.keys_for(name).lease.encode()
 
@@ -547,6 +551,11 @@ class TestListing:
             listing = backend.holders()
             next(listing)
             listing.close()  # replies of the next step were in flight
+            # ... and the thread reading ahead stops (at its next batch).
+            deadline = time.monotonic() + 5
+            while _reading_ahead() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not _reading_ahead()
             names = [h.name for h in backend.holders()]
             assert sorted(names) == sorted(f"many:{i}" for i in range(count))
             assert len(list(backend.holders("many:1"))) == len(
@@ -554,6 +563,23 @@ class TestListing:
             )
             with lock("after", timeout=0):
                 assert any(h.name == "after" for h in backend.holders("after"))
+
+    def test_a_server_lost_mid_listing_is_an_error_not_a_short_list(self, own_server):
+        # The next batch is read in a thread: its failure still reaches the
+        # caller, where that batch would have.
+        from django_distlock.backends.redis.listing import LIST_BATCH
+
+        from .surface import fill_redis
+
+        fill_redis(own_server.url, "lost:", 3 * LIST_BATCH)
+        with override_settings(LOCKS=redis_locks(own_server.url)):
+            listing = locks["default"].holders()
+            next(listing)
+            own_server.kill()
+            with pytest.raises(LockBackendError, match="list locks"):
+                for _ in listing:
+                    pass
+            locks.reset()
 
     @pytest.mark.skipif(HIREDIS_AVAILABLE, reason="the no-hiredis matrix cell runs it")
     def test_without_hiredis(self, redis_url):
