@@ -160,9 +160,22 @@ class SharesMixin:
     ) -> tuple[int | None, float]:
         """Try once for a shared lease or a permit, in one transaction."""
         if self._dialect.share_functions:
-            return self._attempt_share_call(
-                cursor, name, digest, token, ttl, identity, kind
+            host, pid, thread = identity
+            params = (
+                digest,
+                self.key_prefix,
+                encode_name(name),
+                kind.mode,
+                kind.limit,
+                token,
+                host,
+                pid,
+                thread,
+                float(ttl),
+                self._waiter_ttl(),
+                QUEUED_HINT,
             )
+            return self._grant_in_server(cursor, params, name, token, kind)
 
         def grant(cur: Any) -> tuple[int | None, float]:
             run = self._statement
@@ -197,32 +210,10 @@ class SharesMixin:
             self._queued.discard(token)
         return result
 
-    def _attempt_share_call(
-        self,
-        cursor: Any,
-        name: str,
-        digest: str,
-        token: str,
-        ttl: float,
-        identity: tuple[str, int, str],
-        kind: Kind,
+    def _grant_in_server(
+        self, cursor: Any, params: tuple, name: str, token: str, kind: Kind
     ) -> tuple[int | None, float]:
         """Try once, by one call of the server's function (PostgreSQL)."""
-        host, pid, thread = identity
-        params = (
-            digest,
-            self.key_prefix,
-            encode_name(name),
-            kind.mode,
-            kind.limit,
-            token,
-            host,
-            pid,
-            thread,
-            float(ttl),
-            self._waiter_ttl(),
-            QUEUED_HINT,
-        )
         self._statement(cursor, "share_acquire", params)
         fence, wait, other = cursor.fetchall()[0]
         if other is not None:
