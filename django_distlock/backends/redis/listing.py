@@ -11,7 +11,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from ...keys import encode_name, glob_escape
@@ -45,7 +45,7 @@ def _holder(alias: str, fields: Any, pttl: Any, now_ms: int) -> Holder | None:
     )
 
 
-def _read_ahead(batches: Iterator[list]) -> Iterator[list]:
+def _read_ahead(batches: Generator[list, None, None]) -> Iterator[list]:
     """Yield the batches of ``batches``, read one step ahead in a thread.
 
     The server scans and reads the next batch while the caller turns this
