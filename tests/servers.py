@@ -83,6 +83,10 @@ class RedisServer:
                 "",
                 "--appendonly",
                 "no",
+                # A replica's first sync starts at once (Redis 7 waits 5 s
+                # for other replicas to share a diskless transfer).
+                "--repl-diskless-sync-delay",
+                "0",
                 "--dir",
                 self.dir,
                 "--logfile",
