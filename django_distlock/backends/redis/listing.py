@@ -1,8 +1,10 @@
 """Listing and clearing the leases of the Redis backends.
 
 A listing walks the lease hashes with SCAN (every primary of a cluster) and
-reads each batch with one pipeline of HMGET and PTTL; one name is looked up
-with the same two reads in one round trip.
+reads each batch on the server with :file:`lua/list.lua` (one call per SCAN
+step; on a cluster, one pipelined call per key), the next batch while the
+caller works through this one; one name is looked up with HMGET and PTTL in
+one round trip.
 """
 
 from __future__ import annotations
