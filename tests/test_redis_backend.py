@@ -571,7 +571,9 @@ class TestListing:
 
         from .surface import fill_redis
 
-        fill_redis(own_server.url, "lost:", 3 * LIST_BATCH)
+        # More batches than the read-ahead holds (one handed over, one read):
+        # the thread must ask the server again after the kill.
+        fill_redis(own_server.url, "lost:", 10 * LIST_BATCH)
         with override_settings(LOCKS=redis_locks(own_server.url)):
             listing = locks["default"].holders()
             next(listing)

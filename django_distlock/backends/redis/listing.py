@@ -105,12 +105,12 @@ class RedisListing:
         # A str prefix of the name is a bytes prefix of its stored form: the
         # list script filters on the server.
         wanted = encode_name(prefix)
+        if self.cluster:
+            batches = _read_ahead(self._cluster_batches(pattern, wanted))
+        else:
+            batches = _read_ahead(self._script_batches(pattern, wanted))
+        alias = self.alias
         try:
-            if self.cluster:
-                batches = _read_ahead(self._cluster_batches(pattern, wanted))
-            else:
-                batches = _read_ahead(self._script_batches(pattern, wanted))
-            alias = self.alias
             for batch in batches:
                 now_ms = time.time_ns() // 1_000_000
                 for k in range(0, len(batch), 2):
@@ -119,6 +119,8 @@ class RedisListing:
                         yield holder
         except redis.exceptions.RedisError as e:
             raise self._error(e, "list locks") from e
+        finally:
+            batches.close()  # an abandoned listing stops the thread now
 
     # The listing batches are lists of replies, the HMGET of a lease's fields
     # then its PTTL: [fields, pttl, fields, pttl, ...].
