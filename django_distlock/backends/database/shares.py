@@ -310,7 +310,9 @@ class SharesMixin:
     def _unshare(self, cur: Any, digest: str, token: str) -> tuple[bool, bool]:
         """Remove the holder or waiter ``token``; return ``(found, was live)``.
 
-        Inside a transaction: the name's row is locked first.
+        Inside a transaction: the name's row is locked first. SQLite and
+        MariaDB only, whose waiters poll: PostgreSQL, the one database with
+        ``WAIT = "notify"``, releases through ``distlock_share_release``.
         """
         run = self._statement
         run(cur, "row_locked", (digest,))
@@ -324,9 +326,6 @@ class SharesMixin:
         if mode in ("shared", "permit"):
             mark = self._mark(mode)
             run(cur, "unmark", (digest, mode, digest, mode, digest, mark))
-            if self.wait_notify:
-                run(cur, "notify", (_channel(digest),))
-                cur.fetchall()
         return True, bool(live)
 
     def _release_share_once(

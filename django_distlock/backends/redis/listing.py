@@ -47,7 +47,7 @@ def _holder(alias: str, fields: Any, pttl: Any, now_ms: int) -> Holder | None:
     )
 
 
-def _read_ahead(batches: Generator[list, None, None]) -> Iterator[list]:
+def _read_ahead(batches: Generator[list, None, None]) -> Generator[list, None, None]:
     """Yield the batches of ``batches``, read one step ahead in a thread.
 
     The server scans and reads the next batch while the caller turns this
@@ -105,10 +105,8 @@ class RedisListing:
         # A str prefix of the name is a bytes prefix of its stored form: the
         # list script filters on the server.
         wanted = encode_name(prefix)
-        if self.cluster:
-            batches = _read_ahead(self._cluster_batches(pattern, wanted))
-        else:
-            batches = _read_ahead(self._script_batches(pattern, wanted))
+        scan = self._cluster_batches if self.cluster else self._script_batches
+        batches = _read_ahead(scan(pattern, wanted))
         alias = self.alias
         try:
             for batch in batches:
