@@ -161,9 +161,16 @@ class RedisCluster:
         raise LookupError(f"no live replica of port {primary.port}")
 
     def is_synced_replica(self, node: RedisServer) -> bool:
-        """True if ``node`` is a replica whose link to its primary is up."""
+        """True if ``node`` is a replica whose link to its primary is up and
+        that its primary counts as online.
+
+        The replica reports its link up before the primary has its first
+        acknowledgement; until then a WAIT on the primary counts it out.
+        """
         role = _redis_client(node.port).execute_command("ROLE")
-        return role[0] == b"slave" and role[3] == b"connected"
+        if role[0] != b"slave" or role[3] != b"connected":
+            return False
+        return _redis_client(int(role[2])).execute_command("WAIT", 1, 100) >= 1
 
     def is_primary(self, node: RedisServer) -> bool:
         return _redis_client(node.port).execute_command("ROLE")[0] == b"master"
