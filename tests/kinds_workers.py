@@ -105,3 +105,25 @@ def hold_kind(
             time.sleep(hold)
             intervals.append((start, time.monotonic(), mode))
     return intervals
+
+
+def first_holders(names: list[str], mode: str, start_at: float) -> list[str]:
+    """Take and release ``mode`` of each of ``names``, each name's first
+    attempt at the same instant in every process (``start_at`` + 0.2 s per
+    name); return the errors met."""
+    from django_distlock import locks
+    from django_distlock.backends.base import EXCLUSIVE, SHARED, permit
+
+    backend = locks["default"]
+    kind = {"exclusive": EXCLUSIVE, "shared": SHARED}.get(mode) or permit(8)
+    errors = []
+    for i, lock_name in enumerate(names):
+        while time.monotonic() < start_at + 0.2 * i:
+            time.sleep(0.0005)
+        try:
+            lease = backend.acquire(lock_name, 10, 10, kind)
+            if lease is not None:
+                backend.release(lease)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(repr(e))
+    return errors

@@ -362,6 +362,22 @@ def test_an_equal_exclusive_kind_takes_the_exclusive_path(backend, name):
     assert backend.release(lease)
 
 
+@pytest.mark.parametrize("mode", ["exclusive", "shared", "permit"])
+def test_first_holders_of_a_new_name_arrive_at_once(backend, name, mode):
+    # Eight processes take the first lease of names nobody used before, at
+    # the same instant: one of them creates the name's row
+    # while the others wait, never a deadlock (on InnoDB, locking the row in
+    # the transaction that met it as a duplicate key would be one).
+    if backend.database == "default":
+        pytest.skip("SQLite has one writer at a time")
+    names = [f"{name}:{i}" for i in range(12)]
+    start_at = time.monotonic() + 3.0
+    results = run_in_processes(
+        kinds_workers.first_holders, [(names, mode, start_at)] * 8, timeout=120
+    )
+    assert [e for errors in results for e in errors] == []
+
+
 # -- listing ------------------------------------------------------------------
 
 

@@ -126,27 +126,33 @@ class SharesMixin:
 
     # -- acquiring --------------------------------------------------------
 
-    def _locked_row(self, cur: Any, name: str, digest: str) -> tuple:
-        """Lock the row of ``digest`` (creating it free); return its state.
+    def _locked_row(self, cur: Any, digest: str) -> tuple | None:
+        """Lock the row of ``digest``; return its state, or None if it has none.
 
         ``(token, live, remaining seconds, fence)``.
         """
+        self._statement(cur, "row_locked", (digest,))
+        rows = cur.fetchall()
+        return rows[0] if rows else None
+
+    def _create_row(self, cursor: Any, name: str, digest: str) -> None:
+        """Create the free row of ``digest``, in a transaction of its own.
+
+        Not in the transaction that then locks the row: on InnoDB an INSERT
+        that meets the row as a duplicate key holds a shared lock on it, and
+        two such transactions asking for the row lock deadlock.
+        """
         run = self._statement
-        for _ in range(2):
-            run(cur, "row_locked", (digest,))
-            rows = cur.fetchall()
-            if rows:
-                return rows[0]
+
+        def create(cur: Any) -> None:
             # As for an exclusive lock's first acquisition: the shared lock
             # on the floor row keeps clear_stale() from raising it meanwhile.
             run(cur, "ensure_floor", ())
             run(cur, "floor_shared", ())
             floor = int(cur.fetchall()[0][0])
             run(cur, "create_free", (digest, self.key_prefix, encode_name(name), floor))
-        raise LockBackendError(
-            f"Database lock backend {self.alias!r}: the row of {name!r} vanished "
-            "twice while it was being created."
-        )
+
+        self._transaction(cursor, create)
 
     def _attempt_share(
         self,
@@ -177,9 +183,12 @@ class SharesMixin:
             )
             return self._grant_in_server(cursor, params, name, token, kind)
 
-        def grant(cur: Any) -> tuple[int | None, float]:
+        def grant(cur: Any) -> tuple[int | None, float] | None:
             run = self._statement
-            holder, live, remaining, fence = self._locked_row(cur, name, digest)
+            row = self._locked_row(cur, digest)
+            if row is None:
+                return None
+            holder, live, remaining, fence = row
             fence = int(fence)
             run(cur, "shares_purge", (digest,))
             if kind.mode == "permit":
@@ -206,6 +215,14 @@ class SharesMixin:
             return fence, 0.0
 
         result = self._transaction(cursor, grant)
+        if result is None:  # the name's first holder (or clear_stale() took the row)
+            self._create_row(cursor, name, digest)
+            result = self._transaction(cursor, grant)
+            if result is None:
+                raise LockBackendError(
+                    f"Database lock backend {self.alias!r}: the row of {name!r} "
+                    "vanished twice while it was being created."
+                )
         if result[0] is not None:
             self._queued.discard(token)
         return result
