@@ -56,11 +56,14 @@ def _call(state, func, args):
 def run_in_processes(func: Callable, arg_lists: list[tuple], timeout: float = 120):
     """Run ``func(*args)`` for each args tuple in its own process; return results.
 
-    ``func`` must be importable (a module-level function).
+    ``func`` must be importable (a module-level function). Each call gets
+    a process of its own, all of them started at once: a pool worker whose
+    call ended never takes another call, which a worker still starting up
+    would otherwise have run (one pid fewer, calls that never overlapped).
     """
     ctx = multiprocessing.get_context("spawn")
     state = _django_state()
-    with ctx.Pool(len(arg_lists)) as pool:
+    with ctx.Pool(len(arg_lists), maxtasksperchild=1) as pool:
         pending = [pool.apply_async(_call, (state, func, args)) for args in arg_lists]
         return [p.get(timeout=timeout) for p in pending]
 

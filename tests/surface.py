@@ -7,6 +7,7 @@ Workers here are module-level so spawned processes can import them.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -147,8 +148,10 @@ def hold_until_lost(name: str, result_path: str, seconds: float = 30) -> None:
                 time.sleep(0.05)
     except LockLost:
         outcome = "LockLost"
-    with open(result_path, "w") as f:
+    # Written aside and renamed: the test reads the file as soon as it exists.
+    with open(result_path + ".tmp", "w") as f:
         f.write(outcome)
+    os.replace(result_path + ".tmp", result_path)
 
 
 def fill_redis(url: str, prefix: str, count: int, key_prefix: str = "distlock") -> None:
