@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import queue
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -53,19 +57,76 @@ def _call(state, func, args):
     return func(*args)
 
 
+def _report(results, index: int, state, func, args) -> None:
+    """Run one call in this process and put ``(index, ok, value)`` on ``results``."""
+    try:
+        value = (index, True, _call(state, func, args))
+    except BaseException as e:  # noqa: BLE001 - handed to the parent
+        remote = traceback.format_exc()
+        try:
+            pickle.dumps(e)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            e = RuntimeError(repr(e))
+        value = (index, False, (e, remote))
+    results.put(value)
+    results.close()
+    results.join_thread()
+
+
 def run_in_processes(func: Callable, arg_lists: list[tuple], timeout: float = 120):
     """Run ``func(*args)`` for each args tuple in its own process; return results.
 
-    ``func`` must be importable (a module-level function). Each call gets
-    a process of its own, all of them started at once: a pool worker whose
-    call ended never takes another call, which a worker still starting up
-    would otherwise have run (one pid fewer, calls that never overlapped).
+    ``func`` must be importable (a module-level function). The processes
+    start together and each runs exactly one call (a pool would let a worker
+    whose call ended take the call of one still starting up). A call that
+    raised re-raises here, its traceback in the message; a process that died
+    without answering, or ``timeout`` seconds in all, fail the test.
     """
     ctx = multiprocessing.get_context("spawn")
     state = _django_state()
-    with ctx.Pool(len(arg_lists), maxtasksperchild=1) as pool:
-        pending = [pool.apply_async(_call, (state, func, args)) for args in arg_lists]
-        return [p.get(timeout=timeout) for p in pending]
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_report, args=(results, i, state, func, args), daemon=True)
+        for i, args in enumerate(arg_lists)
+    ]
+    for proc in procs:
+        proc.start()
+    answers: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(answers) < len(procs):
+            # A process flushes its answer before it exits: one found dead
+            # before an empty read never answered.
+            dead = [
+                p.pid
+                for i, p in enumerate(procs)
+                if i not in answers and p.exitcode is not None
+            ]
+            try:
+                index, ok, value = results.get(timeout=0.2)
+            except queue.Empty:
+                if dead:
+                    raise RuntimeError(
+                        f"worker process(es) {dead} died without an answer"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"workers still running after {timeout} s"
+                    ) from None
+                continue
+            if not ok:
+                error, remote = value
+                raise error from RuntimeError(f"in a worker process:\n{remote}")
+            answers[index] = value
+    finally:
+        # All answered: they are exiting. Else the test failed: stop the rest.
+        for proc in procs:
+            proc.join(5 if len(answers) == len(procs) else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        results.close()
+    return [answers[i] for i in range(len(procs))]
 
 
 def start_process(func: Callable, *args) -> multiprocessing.Process:
