@@ -365,9 +365,9 @@ def test_an_equal_exclusive_kind_takes_the_exclusive_path(backend, name):
 @pytest.mark.parametrize("mode", ["exclusive", "shared", "permit"])
 def test_first_holders_of_a_new_name_arrive_at_once(backend, name, mode):
     # Eight processes take the first lease of names nobody used before, at
-    # the same instant: one of them creates the name's row
-    # while the others wait, never a deadlock (on InnoDB, locking the row in
-    # the transaction that met it as a duplicate key would be one).
+    # the same instant: one of them creates the name's row while the others
+    # wait, never a deadlock (on InnoDB, locking the row in the transaction
+    # that met it as a duplicate key would be one).
     if backend.database == "default":
         pytest.skip("SQLite has one writer at a time")
     names = [f"{name}:{i}" for i in range(12)]

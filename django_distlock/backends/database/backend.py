@@ -158,6 +158,18 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
             self._queue_writer(cursor, digest, token, identity)
         return None, max(0.0, float(remaining or 0.0))
 
+    def _floor(self, cursor: Any) -> int:
+        """Return the fence a name's new row starts from, holding the floor.
+
+        Inside the transaction that creates the row: the shared lock on the
+        floor row keeps clear_stale() from deleting rows (and raising the
+        floor) meanwhile, so a re-created row starts above every fence its
+        name ever had.
+        """
+        self._statement(cursor, "ensure_floor", ())
+        self._statement(cursor, "floor_shared", ())
+        return int(cursor.fetchall()[0][0])
+
     def _create(
         self,
         cursor: Any,
@@ -167,12 +179,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         ttl_p: Any,
         identity: tuple[str, int, str],
     ) -> int | None:
-        # Inside a transaction. The shared lock on the floor row keeps
-        # clear_stale() from deleting rows (and raising the floor) meanwhile,
-        # so a re-created row starts above every fence its name ever had.
-        self._statement(cursor, "ensure_floor", ())
-        self._statement(cursor, "floor_shared", ())
-        floor = int(cursor.fetchall()[0][0])
+        floor = self._floor(cursor)
         host, pid, thread = identity
         params = (
             digest,

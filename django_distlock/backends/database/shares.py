@@ -142,15 +142,10 @@ class SharesMixin:
         that meets the row as a duplicate key holds a shared lock on it, and
         two such transactions asking for the row lock deadlock.
         """
-        run = self._statement
 
         def create(cur: Any) -> None:
-            # As for an exclusive lock's first acquisition: the shared lock
-            # on the floor row keeps clear_stale() from raising it meanwhile.
-            run(cur, "ensure_floor", ())
-            run(cur, "floor_shared", ())
-            floor = int(cur.fetchall()[0][0])
-            run(cur, "create_free", (digest, self.key_prefix, encode_name(name), floor))
+            params = (digest, self.key_prefix, encode_name(name), self._floor(cur))
+            self._statement(cur, "create_free", params)
 
         self._transaction(cursor, create)
 
