@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
-import multiprocessing
 import os
 import signal
 import uuid
@@ -30,7 +29,7 @@ import django_distlock.models
 from django_distlock import lock, lock_for, locks
 from django_distlock.exceptions import LockLost, LockNotHeld, StaleFencingToken
 from tests.conftest import redis_locks
-from tests.procs import start_process
+from tests.procs import context, start_process
 from tests.servers import RedisServer
 from tests.testapp.models import (
     Account,
@@ -623,7 +622,7 @@ def run_paused_writer(op, db, pks, name, newer_write, *, auto_renew=False):
     calls ``newer_write(held)``; then the worker is resumed (SIGCONT) and makes
     its write ``op`` with its lapsed lease.
     """
-    ctx = multiprocessing.get_context("spawn")
+    ctx = context()
     out, go = ctx.Queue(), ctx.Queue()
     proc = start_process(stale_writer, op, db, pks, name, TTL, auto_renew, out, go)
     stopped = False

@@ -7,7 +7,6 @@ against other threads, other tasks and other processes at every depth.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 import time
 import uuid
@@ -40,7 +39,7 @@ from django_distlock.instances import lock_name_for
 from . import workers
 from .conftest import redis_locks
 from .contract import LockBackendContract, Recorder
-from .procs import run_in_processes, start_process
+from .procs import context, run_in_processes, start_process
 
 pytestmark = pytest.mark.redis
 
@@ -137,7 +136,7 @@ class Prober:
     """Another process that tries a lock once on request."""
 
     def __init__(self):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = context()
         self.requests, self.replies = ctx.Queue(), ctx.Queue()
         self.proc = start_process(probe_worker, self.requests, self.replies)
 

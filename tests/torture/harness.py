@@ -26,7 +26,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ..procs import start_process
+from ..procs import context, start_process
 from ..servers import RedisServer
 from .history import Verdict, check, read_events
 from .proxy import FaultProxy
@@ -66,9 +66,7 @@ class Servant:
     """A long-lived worker process that runs one load job at a time."""
 
     def __init__(self):
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
+        ctx = context()
         self.jobs = ctx.Queue()
         self.done = ctx.Queue()
         self.proc = start_process(servant, self.jobs, self.done)

@@ -20,7 +20,6 @@ violations; the kinds' own counts go to its notes).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -29,7 +28,7 @@ from collections import Counter, defaultdict
 import pytest
 from django.test import override_settings
 
-from ..procs import start_process
+from ..procs import context, start_process
 from .conftest import backends
 from .harness import Env, Run, Servant, abort_runs, make_env
 from .history import Verdict, check, names_free_after
@@ -172,7 +171,7 @@ class KindsServant(Servant):
     """A long-lived worker process that runs kinds jobs."""
 
     def __init__(self):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = context()
         self.jobs = ctx.Queue()
         self.done = ctx.Queue()
         self.proc = start_process(kinds_servant, self.jobs, self.done)
