@@ -191,9 +191,10 @@ class Dialect:
                 f"SELECT {live}, kind FROM {shares} WHERE token = %s AND digest = %s"
                 + self.for_update
             ),
-            "share_delete": f"DELETE FROM {shares} WHERE token = %s",
+            "share_delete": f"DELETE FROM {shares} WHERE digest = %s AND token = %s",
             "share_refresh": (
-                f"UPDATE {shares} SET expires_at = {later} WHERE token = %s"
+                f"UPDATE {shares} SET expires_at = {later} "
+                "WHERE digest = %s AND token = %s"
             ),
             # The row stays marked while a holder of ``kind`` lives, until
             # the latest expiry among them; else it is free.
@@ -220,7 +221,8 @@ class Dialect:
             "queue_ahead": (
                 f"SELECT count(*) FROM {shares} WHERE digest = %s AND "
                 f"kind = 'queued' AND {live} AND id < COALESCE((SELECT id FROM "
-                f"{shares} WHERE token = %s AND kind = 'queued'), {_NO_ID})"
+                f"{shares} WHERE digest = %s AND token = %s AND kind = 'queued'), "
+                f"{_NO_ID})"
             ),
             "share_holders": (
                 f"SELECT r.name, s.token, s.host, s.pid, s.thread, "

@@ -257,11 +257,11 @@ class SharesMixin:
             raise _limit_mismatch(name, others[0][0], kind.limit)
         run(cur, "permit_count", (digest,))
         held, soonest = cur.fetchall()[0]
-        run(cur, "queue_ahead", (digest, token))
+        run(cur, "queue_ahead", (digest, digest, token))
         ahead = int(cur.fetchall()[0][0])
         if int(held) + ahead < kind.limit:
             if token in self._queued:
-                run(cur, "share_delete", (token,))
+                run(cur, "share_delete", (digest, token))
             return None
         self._hold_place(cur, digest, token, identity, "queued", kind.limit)
         return max(QUEUED_HINT, float(soonest or 0.0))
@@ -278,11 +278,11 @@ class SharesMixin:
         """Keep ``token``'s place in the queue of ``digest`` for a while."""
         ttl_p = self._dialect.ttl_param(self._waiter_ttl())
         if token in self._queued:
-            self._statement(cursor, "share_refresh", (ttl_p, token))
+            self._statement(cursor, "share_refresh", (ttl_p, digest, token))
             if cursor.rowcount == 1:
                 return
             # Purged after it expired: queue again, at the back.
-            self._statement(cursor, "share_delete", (token,))
+            self._statement(cursor, "share_delete", (digest, token))
         host, pid, thread = identity
         self._statement(
             cursor,
@@ -311,7 +311,7 @@ class SharesMixin:
         self, cursor: Any, digest: str, token: str, wake: bool = False
     ) -> None:
         self._queued.discard(token)
-        self._statement(cursor, "share_delete", (token,))
+        self._statement(cursor, "share_delete", (digest, token))
         if wake and self.wait_notify and cursor.rowcount == 1:
             # Readers queued behind a writer that gave up may go now.
             self._statement(cursor, "notify", (_channel(digest),))
@@ -334,7 +334,7 @@ class SharesMixin:
         if not rows:
             return False, False
         live, mode = rows[0]
-        run(cur, "share_delete", (token,))
+        run(cur, "share_delete", (digest, token))
         if mode in ("shared", "permit"):
             mark = self._mark(mode)
             run(cur, "unmark", (digest, mode, digest, mode, digest, mark))
