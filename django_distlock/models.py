@@ -88,10 +88,11 @@ class LockShare(models.Model):
     class Meta:
         db_table = "django_distlock_lockshare"
         verbose_name = _("lock share")
-        # One index serves every query, which names the digest, and keeps a
-        # token unique per name. (As field options, a unique token and an
-        # indexed digest would cost every insert three more indexes on
-        # PostgreSQL: the two and their LIKE copies, which no query uses.)
+        # One index serves every lookup of a holder or waiter (each names
+        # the digest) and keeps a token unique per name. (As field options,
+        # a unique token and an indexed digest would cost every insert three
+        # more indexes on PostgreSQL: the two and their LIKE copies, which
+        # no query uses.)
         constraints = [
             models.UniqueConstraint(
                 fields=["digest", "token"], name="distlock_share_digest_token"

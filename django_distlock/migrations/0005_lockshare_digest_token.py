@@ -1,8 +1,8 @@
 """One unique index on the share table's (digest, token) instead of four.
 
-Every statement of the database backend on ``LockShare`` names the digest,
-so one index over (digest, token) serves them all and keeps a token unique
-per name. It replaces an index on ``digest`` and a unique ``token`` (and, on
+Every statement of the database backend that looks up a holder or waiter
+in ``LockShare`` names its digest, so one index over (digest, token) serves
+them all and keeps a token unique per name. It replaces an index on ``digest`` and a unique ``token`` (and, on
 PostgreSQL, their ``varchar_pattern_ops`` copies for LIKE, which no query
 uses): every lease, permit and queued place inserted or deleted updates two
 indexes instead of five.
