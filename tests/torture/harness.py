@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,13 +64,17 @@ REDLOCK_OPTIONS = {"NODE_TIMEOUT": 0.2}
 
 
 class Servant:
-    """A long-lived worker process that runs one load job at a time."""
+    """A long-lived worker process that runs one load job at a time.
 
-    def __init__(self):
+    ``loop`` is the module-level function the process runs: it takes jobs
+    from ``jobs`` (None stops it) and puts their results on ``done``.
+    """
+
+    def __init__(self, loop: Callable = servant):
         ctx = context()
         self.jobs = ctx.Queue()
         self.done = ctx.Queue()
-        self.proc = start_process(servant, self.jobs, self.done)
+        self.proc = start_process(loop, self.jobs, self.done)
 
     def alive(self) -> bool:
         return self.proc.is_alive()
@@ -92,15 +97,16 @@ def servants(count: int) -> list[Servant]:
     return _SERVANTS[:count]
 
 
-def stop_servants() -> None:
-    """Stop every servant (end of the session)."""
-    for s in _SERVANTS:
+def stop_servants(pool: list[Servant] = _SERVANTS) -> None:
+    """Stop every servant of ``pool`` (by default the harness's, at the end
+    of the session)."""
+    for s in pool:
         s.jobs.put(None)
-    for s in _SERVANTS:
+    for s in pool:
         s.proc.join(10)
         if s.proc.is_alive():
             s.kill()
-    _SERVANTS.clear()
+    pool.clear()
 
 
 @dataclass

@@ -28,9 +28,8 @@ from collections import Counter, defaultdict
 import pytest
 from django.test import override_settings
 
-from ..procs import context, start_process
 from .conftest import backends
-from .harness import Env, Run, Servant, abort_runs, make_env
+from .harness import Env, Run, Servant, abort_runs, make_env, stop_servants
 from .history import Verdict, check, names_free_after
 from .kinds_workers import kinds_servant
 
@@ -171,10 +170,7 @@ class KindsServant(Servant):
     """A long-lived worker process that runs kinds jobs."""
 
     def __init__(self):
-        ctx = context()
-        self.jobs = ctx.Queue()
-        self.done = ctx.Queue()
-        self.proc = start_process(kinds_servant, self.jobs, self.done)
+        super().__init__(kinds_servant)
 
 
 _POOL: list[KindsServant] = []
@@ -192,13 +188,7 @@ def kinds_servants(count: int) -> list[KindsServant]:
 def _kinds_pool():
     """Stop the kinds servants at the end of the module."""
     yield
-    for s in _POOL:
-        s.jobs.put(None)
-    for s in _POOL:
-        s.proc.join(10)
-        if s.proc.is_alive():
-            s.kill()
-    _POOL.clear()
+    stop_servants(_POOL)
 
 
 class KindsRun(Run):
