@@ -69,6 +69,22 @@ def test_holder_names_the_task():
     assert thread.startswith(threading.current_thread().name + "/")
 
 
+def test_sync_lock_inside_a_coroutine_names_the_task_and_a_worker_thread_none():
+    # The synchronous path looks the task up only where a loop runs.
+    def take():
+        with lock("x"):
+            (holder,) = list(locks["default"].holders())
+            return holder.thread
+
+    async def scenario():
+        return take(), await asyncio.to_thread(take)
+
+    in_task, in_thread = asyncio.run(scenario())
+    assert in_task.startswith(threading.current_thread().name + "/")
+    assert "/" not in in_thread
+    assert "/" not in take()
+
+
 def test_async_renewal_runs_as_a_task_of_the_loop():
     async def scenario():
         async with lock("x", ttl=TTL) as held:

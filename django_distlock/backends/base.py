@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -75,24 +76,24 @@ def new_token() -> str:
 
 def running_task() -> asyncio.Task | None:
     """Return the running asyncio task, or None outside one."""
+    if sys.get_asyncgen_hooks().firstiter is None:
+        # No event loop runs in this thread: a running asyncio loop (and
+        # uvloop) installs its asynchronous generator hooks (PEP 525) in its
+        # thread. This test spares the synchronous path the RuntimeError that
+        # current_task() raises without a loop, its costliest step.
+        return None
     try:
         return asyncio.current_task()
-    except RuntimeError:  # no running event loop: the synchronous path
+    except RuntimeError:  # hooks of another kind, and no running event loop
         return None
-
-
-def current_task_name() -> str | None:
-    """Return the name of the running asyncio task, or None outside one."""
-    task = running_task()
-    return task.get_name() if task is not None else None
 
 
 def holder_identity() -> tuple[str, int, str]:
     """Return ``(host, pid, thread)`` describing the caller, for listings."""
     thread = threading.current_thread().name
-    task = current_task_name()
+    task = running_task()
     if task is not None:
-        thread = f"{thread}/{task}"
+        thread = f"{thread}/{task.get_name()}"
     return _HOST, _pid, thread
 
 
