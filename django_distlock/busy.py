@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from typing import TYPE_CHECKING
-from weakref import WeakKeyDictionary
 
 from .backends.base import SHARED, BaseLockBackend, Holder, Kind, running_task
 from .exceptions import InvalidLockBackendError, LockNotAcquired
@@ -21,9 +20,32 @@ if TYPE_CHECKING:
 
 __all__ = ["held_by", "caller", "not_acquired", "permits_taken", "refuse_kind"]
 
-#: Leases of non-reentrant backends held right now -> (alias, name, thread,
-#: task) of their acquirer. Read only to explain a LockNotAcquired.
-held_by: WeakKeyDictionary = WeakKeyDictionary()
+
+class HeldLeases(dict):
+    """The leases of non-reentrant backends held right now in this process:
+    ``id(lease)`` -> (weak reference to the lease, alias, name, thread and
+    task of its acquirer). Read only to explain a LockNotAcquired.
+
+    The reference is weak so that a handle dropped while holding frees its
+    lease (whose renewal then stops: the watchdog's references are weak
+    too); a plain reference per entry costs a cycle less than a
+    WeakKeyDictionary's. A release removes its entry. The entries of leases
+    collected without one are pruned when the dict reaches :attr:`limit`,
+    which then doubles past what remains: O(1) per acquisition.
+    """
+
+    #: The size at which the next acquisition prunes.
+    limit = 1024
+
+    def prune(self) -> None:
+        """Forget the entries whose lease was collected."""
+        for key, entry in list(self.items()):
+            if entry[0]() is None:
+                self.pop(key, None)
+        self.limit = max(HeldLeases.limit, 2 * len(self))
+
+
+held_by = HeldLeases()
 
 
 def caller() -> tuple[int, int]:
@@ -56,11 +78,16 @@ def not_acquired(handle: Lock, holder: Holder | None) -> LockNotAcquired:
         message += f": it is held by {holder.holder}{since}."
     key = (handle.backend.alias, handle.name, *caller())
     try:
-        held = list(held_by.items())
+        held = list(held_by.values())
     except RuntimeError:  # another thread changed it while it was copied
         held = []
     # A permit of the semaphore of the same name is no hold on this lock.
-    nested = any(v == key and lease.kind.mode != "permit" for lease, v in held)
+    nested = any(
+        entry[1:] == key
+        and (lease := entry[0]()) is not None
+        and lease.kind.mode != "permit"
+        for entry in held
+    )
     if nested and not handle.kind.exclusive:
         message += (
             " This thread (or task) already holds it through another handle: "

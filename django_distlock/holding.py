@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from weakref import ref
 
 from .backends.base import BaseLockBackend, Holder, Lease, running_task
 from .busy import caller, held_by, not_acquired
@@ -103,7 +104,9 @@ class Holding:
                 canceller = _cancellers[lease] = _Canceller(task)
                 on_loss(lease, canceller)
         if not backend.reentrant:
-            held_by[lease] = (backend.alias, self.name, *caller())
+            held_by[id(lease)] = (ref(lease), backend.alias, self.name, *caller())
+            if len(held_by) >= held_by.limit:
+                held_by.prune()
         if lock_acquired.receivers:  # skip building the call when nobody listens
             lock_acquired.send(
                 sender=type(backend),
@@ -179,7 +182,7 @@ class Holding:
         lease.check_owner_process()
         leases.pop()
         self._last_lease = lease
-        held_by.pop(lease, None)
+        held_by.pop(id(lease), None)
         if self._cancel_on_lost:
             canceller = _cancellers.pop(lease, None)
             if canceller is not None:

@@ -3,10 +3,12 @@ one clear sentence for every invalid argument of a public entry point."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import socket
 import threading
+import weakref
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -82,6 +84,47 @@ def test_unknown_holder_is_none(backend_kind, monkeypatch):
             pass
     assert info.value.holder is None and info.value.expires_in is None
     assert str(info.value).startswith("Lock 'who:3' was not acquired within 0 s. ")
+
+
+def test_a_second_handle_of_the_holding_thread_is_told_it_does_not_nest(
+    backend_kind,
+):
+    with lock("who:4", timeout=0):
+        with pytest.raises(LockNotAcquired) as info, lock("who:4", timeout=0):
+            pass
+    assert "This thread (or task) already holds it through another handle" in str(
+        info.value
+    )
+
+
+def test_a_dropped_handle_leaves_no_lease_behind(backend_kind):
+    # The table of current holders holds its leases weakly: a handle dropped
+    # while holding frees its lease, so that the watchdog stops renewing it.
+    from django_distlock.busy import held_by
+
+    handle = lock("who:5", ttl=20)
+    handle.acquire()
+    lease = weakref.ref(handle.lease)
+    del handle
+    gc.collect()
+    assert lease() is None
+    assert all(e[0]() is None for e in held_by.values() if e[2] == "who:5")
+
+
+def test_entries_of_collected_leases_are_pruned(monkeypatch):
+    from django_distlock.backends.base import Lease
+    from django_distlock.busy import HeldLeases
+
+    held = HeldLeases()
+    monkeypatch.setattr(HeldLeases, "limit", 4)
+    live = [Lease("a", f"live{i}", "t", 1, 30.0, 0.0) for i in range(2)]
+    for lease in [*live, Lease("a", "gone0", "t", 1, 1.0, 0.0)]:
+        held[id(lease)] = (weakref.ref(lease), "a", lease.name, 1, 0)
+    del lease  # the last one, "gone0", is referenced nowhere else
+    gc.collect()
+    held.prune()
+    assert sorted(entry[2] for entry in held.values()) == ["live0", "live1"]
+    assert held.limit == 4  # twice what remains, at least the class's limit
 
 
 def test_423_retry_after_is_the_holders_remaining_lease(backend_kind):
