@@ -40,4 +40,5 @@ class LockKeys:
 
 def ms(seconds: float) -> int:
     """Return ``seconds`` as whole milliseconds, rounded up, at least 1."""
-    return max(1, int(math.ceil(seconds * 1000)))
+    whole = math.ceil(seconds * 1000)
+    return whole if whole > 1 else 1

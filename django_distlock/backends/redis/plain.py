@@ -151,9 +151,15 @@ class RedisLockBackend(
         """Return the longest single blocking wait (below the socket timeout)."""
         return self.redis.wait_slice
 
+    @cached_property
+    def slice_live_ms(self) -> int:
+        """Return how long the queue record of a whole wait slice stays valid."""
+        return ms(self.max_wait_slice) + WAITER_GRACE_MS
+
     def close(self) -> None:
         self.redis.close()
         self.__dict__.pop("max_wait_slice", None)
+        self.__dict__.pop("slice_live_ms", None)
 
     def _error(self, exc: Exception, what: str) -> LockBackendError:
         return LockBackendError(
@@ -235,7 +241,7 @@ class RedisLockBackend(
     def _acquire_steps(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
     ) -> Generator[Command, Any, Lease | None]:
-        keys = self.keys_for(name)
+        keys = self._keys.get(name) or self.keys_for(name)
         token = token or new_token()
         host, pid, thread = holder_identity()
         start = time.monotonic()
@@ -246,11 +252,12 @@ class RedisLockBackend(
         args = [token, ms(ttl), encode_name(name), host, pid, thread]
 
         sent = start
-        if blocking:
-            slice_len = min(self.max_wait_slice, deadline - start)
-            live_ms = ms(slice_len) + WAITER_GRACE_MS
-        else:
+        if not blocking:
             live_ms = 0
+        elif deadline - start >= self.max_wait_slice:
+            live_ms = self.slice_live_ms
+        else:
+            live_ms = ms(deadline - start) + WAITER_GRACE_MS
         try:
             acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
             if self.wait_replicas:
@@ -282,14 +289,11 @@ class RedisLockBackend(
             raise
         if not acquired:
             return None
-        return Lease(
-            alias=self.alias,
-            name=name,
-            token=token,
-            fencing_token=int(value),
-            ttl=ttl,
-            deadline=sent + ttl,
-        )
+        # Lease(alias, name, token, fencing_token, ttl, deadline): positional,
+        # which is the cheaper call, on the path of every cycle.
+        lease = Lease(self.alias, name, token, int(value), ttl, sent + ttl)
+        lease.state = keys  # for the release: no second lookup
+        return lease
 
     def _cancel_steps(
         self, keys: LockKeys, token: str
@@ -395,7 +399,7 @@ class RedisLockBackend(
         return acquired, value, sent
 
     def _release_steps(self, lease: Lease) -> Generator[Command, Any, bool]:
-        keys = self.keys_for(lease.name)
+        keys = lease.state or self.keys_for(lease.name)
         release = ("eval", RELEASE, keys.triple, [lease.token, keys.wake_prefix])
         try:
             code = yield release
