@@ -86,7 +86,8 @@ def semaphore(
     that expires first. A backend that does not offer semaphores raises
     InvalidLockBackendError (an ImproperlyConfigured) before any round trip.
     """
-    return Semaphore(
+    handle = object.__new__(Semaphore)  # as lock(): no dict of keywords
+    handle.__init__(
         name,
         limit,
         using=using,
@@ -96,3 +97,4 @@ def semaphore(
         on_lost=on_lost,
         max_hold=max_hold,
     )
+    return handle
