@@ -257,7 +257,12 @@ class Lock(Holding, ContextDecorator):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self.release()
+            # release(), inlined as in __aexit__: one call less per cycle.
+            backend, lease = self._pop()
+            if lease.lost:
+                self._lost(backend, lease, "the lease was lost earlier")
+            ok = backend.release(lease)
+            self._released(backend, lease, ok)
         except LockLost:
             if exc_type is None:
                 raise

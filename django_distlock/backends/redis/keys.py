@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ...keys import name_digest
+from ...keys import encode_name, name_digest
 from ..scripts import load_script
 
 __all__ = ["ACQUIRE", "CANCEL", "EXTEND", "RELEASE", "LockKeys", "ms"]
@@ -27,9 +27,11 @@ LEASE_FIELDS = ("t", "f", "n", "h", "p", "th", "a")
 class LockKeys:
     """The Redis keys of one lock name (all in one cluster hash slot)."""
 
-    __slots__ = ("lease", "queue", "records", "wake_prefix", "triple")
+    __slots__ = ("lease", "queue", "records", "wake_prefix", "triple", "stored_name")
 
     def __init__(self, prefix: str, name: str):
+        #: The name as the lease hash stores it (kept with the cached keys).
+        self.stored_name = encode_name(name)
         self.lease = f"{prefix}:{{{name_digest(name)}}}"
         self.queue = self.lease + ":q"
         self.records = self.lease + ":r"

@@ -24,7 +24,6 @@ from functools import cached_property
 from typing import Any
 
 from ...exceptions import LockBackendError
-from ...keys import encode_name
 from ..base import EXCLUSIVE, Lease, holder_identity, new_token
 from ..indoubt import InDoubt
 from ..options import Bool, CacheAlias, Dict, Integer, Seconds, Text
@@ -249,7 +248,7 @@ class RedisLockBackend(
             deadline, blocking = math.inf, True
         else:
             deadline, blocking = start + timeout, timeout > 0
-        args = [token, ms(ttl), encode_name(name), host, pid, thread]
+        args = [token, ms(ttl), keys.stored_name, host, pid, thread]
 
         sent = start
         if not blocking:
