@@ -8,6 +8,7 @@ alias's backend does not offer.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -50,6 +51,8 @@ held_by = HeldLeases()
 
 def caller() -> tuple[int, int]:
     """Return (thread ident, id of the running asyncio task or 0)."""
+    if sys.get_asyncgen_hooks().firstiter is None:  # no loop runs here
+        return threading.get_ident(), 0  # (running_task() says why)
     task = running_task()
     return threading.get_ident(), id(task) if task is not None else 0
 

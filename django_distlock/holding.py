@@ -104,7 +104,8 @@ class Holding:
                 canceller = _cancellers[lease] = _Canceller(task)
                 on_loss(lease, canceller)
         if not backend.reentrant:
-            held_by[id(lease)] = (ref(lease), backend.alias, self.name, *caller())
+            thread, task = caller()
+            held_by[id(lease)] = (ref(lease), backend.alias, self.name, thread, task)
             if len(held_by) >= held_by.limit:
                 held_by.prune()
         if lock_acquired.receivers:  # skip building the call when nobody listens

@@ -11,8 +11,8 @@ from typing import Any
 
 from .backends.base import EXCLUSIVE, SHARED, BaseLockBackend, Kind, Lease
 from .busy import refuse_kind
-from .exceptions import LockBackendError, LockLost
-from .handler import DEFAULT_LOCK_ALIAS, amissing_table, missing_table
+from .exceptions import InvalidLockBackendError, LockBackendError, LockLost
+from .handler import DEFAULT_LOCK_ALIAS, amissing_table, locks, missing_table
 from .holding import DEFAULT, Holding, release_log
 from .losses import LossEvent, _cancellers, _loss_event
 from .options import option_problems, seconds_problem, timeout_problem
@@ -186,7 +186,11 @@ class Lock(Holding, ContextDecorator):
                 "holding the lock, and synchronous code has none; use 'async with', "
                 "or check held.lost in synchronous code."
             )
-        backend = self._backend()
+        try:  # _backend(), inline
+            backend = locks[self.using]
+        except InvalidLockBackendError:
+            self._no_such_alias()
+            raise
         if blocking and timeout is DEFAULT:  # _wait_for's common case, inline
             wait = self._timeout
             if wait is DEFAULT:
