@@ -81,6 +81,7 @@ def running_task() -> asyncio.Task | None:
         # uvloop) installs its asynchronous generator hooks (PEP 525) in its
         # thread. This test spares the synchronous path the RuntimeError that
         # current_task() raises without a loop, its costliest step.
+        # busy.caller() repeats it inline, on the path of every cycle.
         return None
     try:
         return asyncio.current_task()
