@@ -9,8 +9,11 @@ The redis-server runs outside valgrind and is not counted.
 
 Modes: ``floor`` (SET NX PX + EVALSHA through redis-py), ``redispy`` (redis-py's
 ``Lock``), ``sync`` and ``sync-renew`` (``with lock(name, auto_renew=...)``),
-``afloor`` (the floor on ``redis.asyncio``), ``async`` and ``async-renew``.
-The ratios printed are the ones issue 18 sets targets for.
+``afloor`` (the floor on ``redis.asyncio``), ``async`` and ``async-renew``;
+``fanout`` (the raw pipelined fan-out to five nodes through redis-py's
+``Connection``) and ``redlock`` (``with lock(name, using="quorum")``), which
+start five more redis-servers. The ratios printed are the ones issue 18 sets
+targets for.
 
 Needs ``valgrind`` and ``redis-server`` on PATH. A mode takes about half a
 minute per thousand cycles.
@@ -26,7 +29,18 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ["floor", "redispy", "sync", "sync-renew", "afloor", "async", "async-renew"]
+MODES = [
+    "floor",
+    "redispy",
+    "sync",
+    "sync-renew",
+    "afloor",
+    "async",
+    "async-renew",
+    "fanout",
+    "redlock",
+]
+REDLOCK_MODES = {"fanout", "redlock"}
 #: (mode, reference, target): the ratios reported after the counts.
 RATIOS = [
     ("sync", "floor", 1.15),
@@ -34,6 +48,7 @@ RATIOS = [
     ("sync", "redispy", 1.0),
     ("async", "afloor", 1.10),
     ("async", "sync", 1.30),
+    ("redlock", "fanout", 1.25),
 ]
 WARMUP = 200
 
@@ -59,6 +74,16 @@ def _inner(mode: str, n: int) -> None:
 
         def cycle():
             with client.lock("cg:redispy", timeout=TTL_MS / 1000):
+                pass
+
+    elif mode == "fanout":
+        from .redlock import fanout_cycle
+
+        cycle = fanout_cycle(os.environ["DISTLOCK_BENCH_REDLOCK"].split(","), "cg:f")
+    elif mode == "redlock":
+
+        def cycle():
+            with lock("cg:redlock", using="quorum", auto_renew=False):
                 pass
 
     elif mode in ("sync", "sync-renew"):
@@ -152,10 +177,14 @@ def main(argv=None) -> int:
     from .servers import RedisServer
 
     server = RedisServer().start()
+    nodes = [
+        RedisServer().start() for _ in range(5 if REDLOCK_MODES & set(modes) else 0)
+    ]
     try:
         env = {
             **os.environ,
             "DISTLOCK_BENCH_REDIS": server.url,
+            "DISTLOCK_BENCH_REDLOCK": ",".join(node.url for node in nodes),
             "DISTLOCK_BENCH_SQLITE": os.path.join(
                 tempfile.gettempdir(), f"distlock-cg-{os.getpid()}.sqlite3"
             ),
@@ -172,6 +201,8 @@ def main(argv=None) -> int:
                 ratio = per_cycle[mode] / per_cycle[ref]
                 print(f"{mode} / {ref}: {ratio:.3f} (target {target:.2f})")
     finally:
+        for node in nodes:
+            node.stop()
         server.stop()
     return 0
 
