@@ -3,7 +3,8 @@
 On redis-py's public ``Connection`` API (sync and ``redis.asyncio``): a step's
 commands are packed once (``pack_commands``), written to every node
 (``send_packed_command``), and only then are the replies read
-(``can_read``/``read_response``) under one deadline shared by all nodes
+(``read_response``: on redis-py 8 with its ``timeout``, on older releases
+after ``can_read``) under one deadline shared by all nodes
 (``NODE_TIMEOUT``). A node that does not answer by then counts as failed, its
 connection is closed (it may still owe a reply) and the node is skipped for a
 short while. Reading stops once a quorum decided the step
@@ -25,6 +26,7 @@ from typing import Any
 from ..base import current_pid
 from ..redis.client import async_timeout, no_retry_kwargs
 from .steps import (
+    NOT_ASKED,
     SCRIPTS,
     UNREAD,
     Block,
@@ -95,12 +97,31 @@ class Link:
         self.owed = 0
 
 
+def _redis_py_8() -> tuple[bool, bool]:
+    """Return whether redis-py's sync ``Connection`` has a ``timeout`` for
+    ``read_response`` and an ``is_connected`` property (redis-py 8 on)."""
+    from redis.connection import Connection
+
+    timeout = "timeout" in inspect.signature(Connection.read_response).parameters
+    return timeout, isinstance(getattr(Connection, "is_connected", None), property)
+
+
 def read_replies(conn, count: int, deadline: float) -> list:
     """Read ``count`` replies from a sync ``conn`` by ``deadline``; error
     replies as values. Raise redis-py's TimeoutError past the deadline."""
     import redis
 
     replies: list = []
+    if READ_TIMEOUT:
+        # One call a reply; only a reply not buffered yet waits on the socket.
+        for _ in range(count):
+            try:
+                replies.append(
+                    conn.read_response(timeout=max(0.0, deadline - time.monotonic()))
+                )
+            except redis.exceptions.ResponseError as e:
+                replies.append(e)
+        return replies
     for _ in range(count):
         if not conn.can_read(max(0.0, deadline - time.monotonic())):
             raise redis.exceptions.TimeoutError("Timeout reading from the node")
@@ -122,6 +143,9 @@ async def aread_replies(conn, count: int) -> list:
         except redis.exceptions.ResponseError as e:
             replies.append(e)
     return replies
+
+
+READ_TIMEOUT, HAS_IS_CONNECTED = _redis_py_8()
 
 
 class _Links(threading.local):
@@ -184,7 +208,7 @@ class FanoutExecutor:
         """Return (results preset for skipped nodes, nodes to ask)."""
         now = time.monotonic()
         nodes = range(len(self.nodes)) if step.nodes is None else step.nodes
-        results: list = [Failed("not asked", asked=False)] * len(self.nodes)
+        results: list = [NOT_ASKED] * len(self.nodes)
         targets = []
         for i in nodes:
             node = self.nodes[i]
@@ -227,8 +251,10 @@ class FanoutExecutor:
             local.pid, local.links = pid, {}
         return local.links
 
-    def _link(self, i: int) -> Link:
-        links = self._thread_links()
+    def _link(self, i: int, links: dict[int, Link] | None = None) -> Link:
+        """Return this thread's link to node ``i`` (``links``: its links)."""
+        if links is None:
+            links = self._thread_links()
         link = links.get(i)
         if link is None:
             if self._factories is None:
@@ -253,7 +279,11 @@ class FanoutExecutor:
     def _send(self, link: Link, packed: list[bytes]) -> int:
         """Connect if need be and write ``packed``; return the prelude length."""
         conn = link.conn
-        conn.connect()  # no-op when connected; a refusal is raised once
+        # Connect first, so that a new connection is known before the write
+        # (its callback sets link.new). redis-py 8 says whether a connection
+        # is up; its connect() costs a retry wrapper even when it is.
+        if not (HAS_IS_CONNECTED and conn.is_connected):
+            conn.connect()  # no-op when connected; a refusal is raised once
         prelude = 0
         if link.new:
             link.new = False
@@ -269,8 +299,9 @@ class FanoutExecutor:
         results, targets = self._targets(step)
         sent: list[tuple[int, Link, int]] = []  # (node, link, prelude)
         packed = None
+        links = self._thread_links()
         for i in targets:
-            link = self._link(i)
+            link = self._link(i, links)
             try:
                 if packed is None:
                     packed = link.conn.pack_commands(step.commands)

@@ -98,6 +98,8 @@ class Fanout:
     decided: Callable[[list], bool] | None = None
 
 
+#: What a node answers when the step was not sent to it.
+NOT_ASKED = Failed("not asked", asked=False)
 #: What a node answers when the step was decided before its reply was read.
 UNREAD = Failed("not read: the step was decided without this node")
 
