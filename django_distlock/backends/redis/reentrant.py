@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...exceptions import LockNotHeld
-from ...keys import encode_name
 from ..base import Lease, holder_identity, new_token, running_task
 from .keys import CANCEL, R_ACQUIRE, R_ADOPT, R_EXTEND, R_RELEASE
 from .keys import ms as _ms
@@ -235,7 +234,7 @@ class ReentrantRedisLockBackend(RedisLockBackend):
         deadline = math.inf if timeout is None else start + timeout
         blocking = timeout is None or timeout > 0
         slice_len = min(self.max_wait_slice, deadline - start)
-        args = [token, ttl_ms, encode_name(name), host, pid, thread]
+        args = [token, ttl_ms, keys.stored_name, host, pid, thread]
 
         sent = start
         live_ms = _ms(slice_len) + WAITER_GRACE_MS if blocking else 0
