@@ -56,6 +56,17 @@ def require_tcp(host: str, port: int, what: str) -> None:
         unavailable(f"{what} is not reachable on {host}:{port}")
 
 
+@pytest.fixture(scope="module")
+def sentinel_setup():
+    """A primary, a replica and three sentinels of a module's own (a failover
+    test changes which server is the primary)."""
+    from .cluster_servers import SentinelSetup
+
+    setup = SentinelSetup().start()
+    yield setup
+    setup.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres_available():
     require_tcp(

@@ -249,15 +249,6 @@ def test_frozen_cluster_primary_leaves_no_permit(redis_cluster):
 # -- Sentinel ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sentinel_setup():
-    from .cluster_servers import SentinelSetup
-
-    setup = SentinelSetup().start()
-    yield setup
-    setup.stop()
-
-
 def test_frozen_primary_behind_sentinel_leaves_no_shared_grant(sentinel_setup):
     """The frozen-server scenario for a shared attempt through Sentinel
     (frozen for less than the sentinels' down-after time: no failover)."""

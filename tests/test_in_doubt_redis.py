@@ -212,15 +212,6 @@ def test_dropped_reply_of_a_waiter_leaves_no_record(server):
 # -- Sentinel ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sentinel_setup():
-    from .cluster_servers import SentinelSetup
-
-    setup = SentinelSetup().start()
-    yield setup
-    setup.stop()
-
-
 def test_frozen_primary_behind_sentinel_leaves_no_grant(sentinel_setup):
     """The frozen-server scenario through Sentinel (frozen for less than the
     sentinels' down-after time: no failover, the same primary answers)."""

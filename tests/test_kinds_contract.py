@@ -15,7 +15,6 @@ from tests.kinds_contract import LockKindsContract
 from tests.test_database_backend import _sqlite_default, db_locks
 
 redis_cluster = test_cluster.redis_cluster
-sentinel_setup = test_sentinel.sentinel_setup
 shared_nodes = test_redlock.shared_nodes
 zookeeper = test_zookeeper.zookeeper
 

@@ -34,7 +34,7 @@ from django_distlock.backends.redis.sharing import (
 )
 
 from . import kinds_workers
-from .cluster_servers import RedisCluster, SentinelSetup
+from .cluster_servers import RedisCluster
 from .conftest import redis_locks
 from .procs import run_in_processes, start_process
 
@@ -460,13 +460,6 @@ class TestCluster(KindsContract):
     @pytest.fixture
     def backend(self, redis_cluster):
         yield from _backend({"LOCATION": redis_cluster.url})
-
-
-@pytest.fixture(scope="module")
-def sentinel_setup():
-    setup = SentinelSetup().start()
-    yield setup
-    setup.stop()
 
 
 class TestSentinel(KindsContract):

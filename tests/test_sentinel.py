@@ -29,13 +29,6 @@ pytestmark = pytest.mark.redis
 BACKEND = "django_distlock.backends.redis.RedisLockBackend"
 
 
-@pytest.fixture(scope="module")
-def sentinel_setup():
-    setup = SentinelSetup().start()
-    yield setup
-    setup.stop()
-
-
 def sentinel_locks(setup: SentinelSetup) -> dict:
     """A LOCKS setting reaching the primary through the sentinels."""
     return {

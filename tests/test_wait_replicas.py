@@ -75,13 +75,6 @@ def test_good_wait_replicas_passes_checks():
 # -- Sentinel ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sentinel_setup():
-    setup = SentinelSetup().start()
-    yield setup
-    setup.stop()
-
-
 def sentinel_setting(setup: SentinelSetup, backend: str = PLAIN) -> dict:
     options = {"SENTINELS": setup.sentinels, "SERVICE_NAME": setup.SERVICE, **WAIT}
     return {"default": {"BACKEND": backend, "OPTIONS": options}}
