@@ -112,21 +112,15 @@ def read_replies(conn, count: int, deadline: float) -> list:
     import redis
 
     replies: list = []
-    if READ_TIMEOUT:
-        # One call a reply; only a reply not buffered yet waits on the socket.
-        for _ in range(count):
-            try:
-                replies.append(
-                    conn.read_response(timeout=max(0.0, deadline - time.monotonic()))
-                )
-            except redis.exceptions.ResponseError as e:
-                replies.append(e)
-        return replies
     for _ in range(count):
-        if not conn.can_read(max(0.0, deadline - time.monotonic())):
-            raise redis.exceptions.TimeoutError("Timeout reading from the node")
+        left = max(0.0, deadline - time.monotonic())
         try:
-            replies.append(conn.read_response())
+            if READ_TIMEOUT:  # waits on the socket only for a reply not buffered
+                replies.append(conn.read_response(timeout=left))
+            elif conn.can_read(left):
+                replies.append(conn.read_response())
+            else:
+                raise redis.exceptions.TimeoutError("Timeout reading from the node")
         except redis.exceptions.ResponseError as e:
             replies.append(e)
     return replies
