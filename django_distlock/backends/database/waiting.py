@@ -84,12 +84,13 @@ class WaitingMixin:
         self, cursor: Any, channels: tuple[str, ...], *args: Any
     ) -> Any:
         listening = self._listening(cursor)
-        for channel in channels:
-            if channel not in listening:
-                # LISTEN before the attempt: a release committed after the
-                # attempt is then sure to be delivered (no lost wakeup).
-                cursor.execute(f"LISTEN {channel}")
-                listening.add(channel)
+        new = [channel for channel in channels if channel not in listening]
+        if new:
+            # LISTEN before the attempt: a release committed after the
+            # attempt is then sure to be delivered (no lost wakeup). One
+            # round trip for all channels (no parameters: one simple query).
+            cursor.execute("; ".join(f"LISTEN {channel}" for channel in new))
+            listening.update(new)
         return self._attempt(cursor, *args)
 
     def _wait_notified(
@@ -102,10 +103,10 @@ class WaitingMixin:
 
     def _unlisten(self, cursor: Any, channels: tuple[str, ...]) -> None:
         listening = self._listening(cursor)
-        for channel in channels:
-            if channel in listening:
-                listening.discard(channel)
-                cursor.execute(f"UNLISTEN {channel}")
+        gone = [channel for channel in channels if channel in listening]
+        if gone:
+            listening.difference_update(gone)
+            cursor.execute("; ".join(f"UNLISTEN {channel}" for channel in gone))
 
     def _acquire_notified(
         self,
