@@ -106,6 +106,9 @@ def _redis_py_8() -> tuple[bool, bool]:
     return timeout, isinstance(getattr(Connection, "is_connected", None), property)
 
 
+READ_TIMEOUT, HAS_IS_CONNECTED = _redis_py_8()
+
+
 def read_replies(conn, count: int, deadline: float) -> list:
     """Read ``count`` replies from a sync ``conn`` by ``deadline``; error
     replies as values. Raise redis-py's TimeoutError past the deadline."""
@@ -137,9 +140,6 @@ async def aread_replies(conn, count: int) -> list:
         except redis.exceptions.ResponseError as e:
             replies.append(e)
     return replies
-
-
-READ_TIMEOUT, HAS_IS_CONNECTED = _redis_py_8()
 
 
 class _Links(threading.local):
