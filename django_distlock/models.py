@@ -70,8 +70,11 @@ class LockShare(models.Model):
     lease, ``"writer"`` for an exclusive waiter that new shared requests
     queue behind, ``"queued"`` for a permit waiter (granted in ``id``
     order). ``permits`` is the semaphore's limit. Every row expires at
-    ``expires_at`` (the database's clock, UTC) unless renewed. The backend
-    reads and writes this table with raw SQL; treat it as read-only.
+    ``expires_at`` (the database's clock, UTC) unless renewed. A permit
+    waiter that listens for a handover (PostgreSQL, ``WAIT = "notify"``)
+    also stores the ``ttl`` of the permit it asks for and the ``channel``
+    its connection listens on: a release grants it the permit there. The
+    backend reads and writes this table with raw SQL; treat it as read-only.
     """
 
     digest = models.CharField(max_length=64)
@@ -84,6 +87,10 @@ class LockShare(models.Model):
     thread = models.CharField(max_length=255, blank=True, default="")
     acquired_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
+    ttl = models.FloatField(null=True, blank=True)
+    # NULL, not "": the waiter listens for no handover (and the raw INSERTs
+    # that leave the column out need no database default).
+    channel = models.CharField(max_length=63, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "django_distlock_lockshare"

@@ -336,6 +336,90 @@ class TestPermits:
         assert backend.release(a) and backend.release(c)
 
 
+# -- permits handed over by the release (PostgreSQL, WAIT = "notify") --------
+
+
+@pytest.fixture
+def handing(request) -> DatabaseLockBackend:
+    """The PostgreSQL backend with ``WAIT = "notify"``: releases hand permits over."""
+    request.getfixturevalue("postgres_available")
+    options = {"DATABASE": "postgres", "WAIT": "notify"}
+    setting = {"default": {"BACKEND": BACKEND, "TTL": 5, "OPTIONS": options}}
+    with override_settings(LOCKS=setting):
+        yield locks["default"]
+    locks.reset()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+class TestHandover:
+    """One waiter's steps, taken one at a time on this thread's connection."""
+
+    identity = ("host", 1, "thread")
+
+    def _queue(self, backend, name, token, listen=True):
+        """One attempt of waiter ``token`` for a permit of 1, which queues it."""
+        one = permit(1)
+        digest = backend._kind_digest(name, one)
+        attempt = backend._listen_own_and_attempt if listen else backend._attempt
+        args = (name, digest, token, 10, self.identity, one)
+        return backend._call("acquire", attempt, *args)
+
+    def test_the_release_grants_the_first_waiter_its_permit(self, handing, name):
+        first = handing.acquire(name, 10, 0, permit(1))
+        token = "a" * 32
+        assert self._queue(handing, name, token)[0] is None
+        place = _rows(handing, token=token).get()
+        assert place.kind == "queued" and place.ttl == 10
+        assert place.channel.startswith("distlock_conn_")
+        assert handing.release(first)
+        granted = _rows(handing, token=token).get()
+        assert granted.kind == "permit"
+        assert granted.fence == first.fencing_token + 1
+        assert granted.expires_at > place.expires_at  # the TTL, not the place's
+        # The notification carries the fencing token: no attempt needed.
+        wait = handing._wait_handed
+        assert handing._call("wait", wait, token, 5) == granted.fence
+        # An attempt that comes first finds the permit handed over.
+        assert self._queue(handing, name, token)[0] == granted.fence
+        assert handing.acquire(name, 10, 0, permit(1)) is None
+        assert handing.force_release_many([(name, token, permit(1))]) == [True]
+        assert handing.acquire(name, 10, 0, permit(1)) is not None
+
+    def test_a_waiter_that_gives_up_passes_its_permit_on(self, handing, name):
+        first = handing.acquire(name, 10, 0, permit(1))
+        early, late = "b" * 32, "c" * 32
+        assert self._queue(handing, name, early)[0] is None
+        assert self._queue(handing, name, late)[0] is None
+        assert handing.release(first)
+        assert _rows(handing, token=early).get().kind == "permit"
+        # The early waiter timed out as its permit came: its withdrawal gives
+        # the permit back, and the release in it grants the next in line.
+        handing._withdraw(handing._kind_digest(name, permit(1)), early)
+        assert not _rows(handing, token=early).exists()
+        handed = _rows(handing, token=late).get()
+        assert handed.kind == "permit" and handed.fence == first.fencing_token + 2
+        wait = handing._wait_handed
+        assert handing._call("wait", wait, late, 5) == handed.fence
+
+    def test_a_waiter_that_does_not_listen_keeps_its_turn(self, handing, name):
+        # A process of a rolling upgrade (code before migration 0006) queues
+        # without a channel: it is woken and takes the permit itself, and the
+        # waiter behind it is not served first.
+        first = handing.acquire(name, 10, 0, permit(1))
+        older, newer = "d" * 32, "e" * 32
+        assert self._queue(handing, name, older, listen=False)[0] is None
+        assert self._queue(handing, name, newer)[0] is None
+        assert _rows(handing, token=older).get().channel is None
+        assert handing.release(first)
+        assert _rows(handing, token=older).get().kind == "queued"
+        assert _rows(handing, token=newer).get().kind == "queued"
+        fence, _wait = self._queue(handing, name, older, listen=False)
+        assert fence == first.fencing_token + 1
+        assert handing.force_release_many([(name, older, permit(1))]) == [True]
+        assert _rows(handing, token=newer).get().kind == "permit"
+
+
 # -- leases nobody holds ------------------------------------------------------
 
 

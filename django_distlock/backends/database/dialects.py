@@ -272,7 +272,8 @@ class PostgresDialect(Dialect):
         sql["share_acquire"] = (
             "SELECT o_fence, o_wait, o_limit FROM distlock_share_acquire("
             "%s::text, %s::text, %s::text, %s::text, %s::integer, %s::text, "
-            "%s::text, %s::integer, %s::text, %s::float8, %s::float8, %s::float8)"
+            "%s::text, %s::integer, %s::text, %s::float8, %s::float8, %s::float8, "
+            "%s::text)"
         )
         sql["share_release"] = (
             "SELECT o_found, o_live FROM "

@@ -91,6 +91,7 @@ class SharesMixin:
     _transaction: Any
     _dialect: Any
     _digest: Any
+    _handover_channel: Any
 
     def _init_shares(self) -> None:
         #: Tokens of this process's waiters that hold a place in a queue.
@@ -175,6 +176,7 @@ class SharesMixin:
                 float(ttl),
                 self._waiter_ttl(),
                 QUEUED_HINT,
+                self._handover_channel(cursor) if kind.mode == "permit" else None,
             )
             return self._grant_in_server(cursor, params, name, token, kind)
 
@@ -311,6 +313,11 @@ class SharesMixin:
         self, cursor: Any, digest: str, token: str, wake: bool = False
     ) -> None:
         self._queued.discard(token)
+        if wake and self._dialect.share_functions:
+            # The release function also gives back a permit handed over
+            # meanwhile, and grants the room to the next in line.
+            self._release_share_once(cursor, digest, token)
+            return
         self._statement(cursor, "share_delete", (digest, token))
         if wake and self.wait_notify and cursor.rowcount == 1:
             # Readers queued behind a writer that gave up may go now.

@@ -71,14 +71,55 @@ class WaitingMixin:
 
     # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
 
-    def _listening(self, cursor: Any) -> set[str]:
-        # The channels this thread's *current* connection listens to; a
-        # reconnection starts from an empty set.
+    def _listen_state(self, cursor: Any) -> tuple[Any, set[str], str]:
+        # This thread's *current* connection, the channels it listens to and
+        # its own channel, where releases hand its permit waiters their
+        # permits; a reconnection starts again from nothing.
         raw = cursor.connection
         state = getattr(self._local, "listen", None)
         if state is None or state[0] is not raw:
-            state = self._local.listen = (raw, set())
-        return state[1]
+            own = "distlock_conn_" + secrets.token_hex(8)
+            state = self._local.listen = (raw, set(), own)
+        return state
+
+    def _listening(self, cursor: Any) -> set[str]:
+        return self._listen_state(cursor)[1]
+
+    def _handover_channel(self, cursor: Any) -> str | None:
+        """Return the channel this connection takes handed-over permits on.
+
+        None unless the connection listens to it: a release would otherwise
+        grant a permit that nobody hears of until the waiter's next attempt.
+        """
+        if not self.wait_notify:
+            return None
+        _raw, listening, own = self._listen_state(cursor)
+        return own if own in listening else None
+
+    def _listen_own_and_attempt(self, cursor: Any, *args: Any) -> Any:
+        _raw, listening, own = self._listen_state(cursor)
+        if own not in listening:
+            # Once per connection, and never unlistened: the channel is the
+            # connection's, not one acquisition's.
+            cursor.execute(f"LISTEN {own}")
+            listening.add(own)
+        return self._attempt(cursor, *args)
+
+    def _wait_handed(self, cursor: Any, token: str, timeout: float) -> int | None:
+        """Wait for a release to hand ``token`` a permit; return its fence.
+
+        Notifications for earlier waiters of this connection (handed a
+        permit as they gave up, which their withdrawal gave back) are
+        passed over.
+        """
+        _raw, listening, own = self._listen_state(cursor)
+        if own not in listening:
+            return None  # reconnected meanwhile: attempt (and LISTEN) again now
+        mine = token + " "
+        for note in cursor.connection.notifies(timeout=timeout):
+            if note.channel == own and note.payload.startswith(mine):
+                return int(note.payload[len(mine) :])
+        return None
 
     def _listen_and_attempt(
         self, cursor: Any, channels: tuple[str, ...], *args: Any
@@ -117,14 +158,11 @@ class WaitingMixin:
         handoff: Handoff | None = None,
         kind: Kind | None = None,
     ) -> Lease | None:
+        if kind is not None and kind.mode == "permit":
+            return self._acquire_handed(name, ttl, timeout, identity, handoff, kind)
         digest = self._digest(name) if kind is None else self._kind_digest(name, kind)
         token = secrets.token_hex(16)
-        channels: tuple[str, ...] = (_channel(digest),)
-        if kind is not None and kind.mode == "permit":
-            # A release wakes the waiters first in line on channels of their
-            # own (migration 0004); the lock's channel still wakes them all,
-            # when a waiter ahead gives up.
-            channels += (_channel(token),)
+        channels = (_channel(digest),)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         args = (name, digest, token, ttl, identity)
         if kind is not None:
@@ -162,6 +200,49 @@ class WaitingMixin:
             sent + ttl,
             state=digest,
             kind=EXCLUSIVE if kind is None else kind,
+        )
+
+    def _acquire_handed(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        identity: tuple[str, int, str],
+        handoff: Handoff | None,
+        kind: Kind,
+    ) -> Lease | None:
+        """Wait for a permit, which a release hands over (migration 0006).
+
+        The waiter's place in the queue names its connection's channel; a
+        release that frees a permit grants it to the first waiter in line
+        and sends it the fencing token there, so the waiter has it without
+        another attempt. An attempt after each wait that ends without one
+        (a holder's lease ran out, a notification was lost) finds a permit
+        handed over meanwhile, or takes a free one.
+        """
+        digest = self._kind_digest(name, kind)
+        token = secrets.token_hex(16)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        args = (name, digest, token, ttl, identity, kind)
+        attempt = self._attempt if timeout == 0 else self._listen_own_and_attempt
+        fence: int | None = None
+        while not (handoff and handoff.abandoned):
+            sent = time.monotonic()
+            fence, hint = self._try_acquire(args, attempt)
+            left = deadline - time.monotonic()
+            if fence is not None or timeout == 0 or left <= 0:
+                break
+            wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
+            fence = self._call("wait", self._wait_handed, token, wait)
+            if fence is not None:
+                self._queued.discard(token)
+                break
+        if fence is None:
+            if token in self._queued:
+                self._withdraw(digest, token)
+            return None
+        return Lease(
+            self.alias, name, token, fence, ttl, sent + ttl, state=digest, kind=kind
         )
 
     # -- polling, written once for acquire() and aacquire() ---------------
