@@ -68,8 +68,10 @@ class LockShare(models.Model):
     counter); each of its leases is a row here, keyed by ``token``, under the
     record's ``digest``. ``kind`` is ``"shared"`` or ``"permit"`` for a
     lease, ``"writer"`` for an exclusive waiter that new shared requests
-    queue behind, ``"queued"`` for a permit waiter (granted in ``id``
-    order). ``permits`` is the semaphore's limit. Every row expires at
+    queue behind, ``"queued"`` for a permit waiter (granted in the order
+    they queued: ``acquired_at``, then ``id``), ``"free"`` for a row that
+    PostgreSQL keeps for the name's next holder or waiter (no token).
+    ``permits`` is the semaphore's limit. Every row expires at
     ``expires_at`` (the database's clock, UTC) unless renewed. A permit
     waiter that listens for a handover (PostgreSQL, ``WAIT = "notify"``)
     also stores the ``ttl`` of the permit it asks for and the ``channel``
@@ -95,16 +97,12 @@ class LockShare(models.Model):
     class Meta:
         db_table = "django_distlock_lockshare"
         verbose_name = _("lock share")
-        # One index serves every lookup of a holder or waiter (each names
-        # the digest) and keeps a token unique per name. (As field options,
-        # a unique token and an indexed digest would cost every insert three
-        # more indexes on PostgreSQL: the two and their LIKE copies, which
-        # no query uses.)
-        constraints = [
-            models.UniqueConstraint(
-                fields=["digest", "token"], name="distlock_share_digest_token"
-            )
-        ]
+        # One index serves every lookup of a holder or waiter: each names
+        # the digest, which has a handful of rows. The token is left out so
+        # that PostgreSQL reuses a free row by an update that touches no
+        # index (migration 0007). (As a field option, an indexed digest
+        # would cost every insert its LIKE copy too, which no query uses.)
+        indexes = [models.Index(fields=["digest"], name="distlock_share_digest")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.token}"

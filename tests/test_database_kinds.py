@@ -420,6 +420,52 @@ class TestHandover:
         assert _rows(handing, token=newer).get().kind == "permit"
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+class TestRowsReused:
+    """PostgreSQL keeps a released row for the name's next holder (0007)."""
+
+    @pytest.mark.parametrize("kind", [SHARED, permit(3)], ids=["shared", "permit"])
+    def test_a_release_leaves_a_free_row_the_next_holder_takes(
+        self, handing, name, kind
+    ):
+        digest = handing._kind_digest(name, kind)
+        rows = _rows(handing, digest=digest)
+        first = handing.acquire(name, 10, 0, kind)
+        row = rows.get()
+        assert handing.release(first)
+        assert rows.get().kind == "free" and rows.get().token == ""
+        for _ in range(5):
+            lease = handing.acquire(name, 10, 0, kind)
+            assert rows.get().id == row.id and rows.get().token == lease.token
+            assert handing.release(lease)
+        assert list(handing.holders(name)) == []
+        two = [handing.acquire(name, 10, 0, kind) for _ in range(2)]
+        assert rows.count() == 2
+        assert all(handing.release(lease) for lease in two)
+        assert handing.clear_stale() == 0  # free rows are not leases
+        assert not rows.exists()
+
+    def test_a_reused_place_queues_behind_earlier_waiters(self, handing, name):
+        # A waiter's turn is the time it queued, not its row's id: a free row
+        # (here a waiter's that gave up) may be older than the places behind
+        # which it is taken.
+        one = permit(1)
+        digest = handing._kind_digest(name, one)
+        holder = handing.acquire(name, 10, 0, one)
+        gone, early, late = "f" * 32, "1" * 32, "2" * 32
+        for token in (gone, early):
+            assert TestHandover()._queue(handing, name, token)[0] is None
+        handing._withdraw(digest, gone)
+        assert TestHandover()._queue(handing, name, late)[0] is None
+        assert (
+            _rows(handing, token=late).get().id < _rows(handing, token=early).get().id
+        )
+        assert handing.release(holder)
+        assert _rows(handing, token=early).get().kind == "permit"
+        assert _rows(handing, token=late).get().kind == "queued"
+
+
 # -- leases nobody holds ------------------------------------------------------
 
 

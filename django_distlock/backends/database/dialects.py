@@ -148,7 +148,8 @@ class Dialect:
         now, later, remaining = self.now, self.later, self.remaining
         live = f"expires_at > {now}"
         holding = "kind IN ('shared', 'permit')"
-        waiting = "kind IN ('writer', 'queued')"
+        # Free rows (PostgreSQL keeps them for reuse) go with the places.
+        waiting = "kind IN ('writer', 'queued', 'free')"
         in_namespace = (
             f"(digest IN (SELECT digest FROM {table} WHERE namespace = %s) OR "
             f"digest NOT IN (SELECT digest FROM {table}))"
