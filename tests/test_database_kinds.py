@@ -350,25 +350,24 @@ def handing(request) -> DatabaseLockBackend:
     locks.reset()
 
 
+def _queue(backend, name, token, listen=True):
+    """One attempt of waiter ``token`` for a permit of 1, which queues it."""
+    one = permit(1)
+    digest = backend._kind_digest(name, one)
+    attempt = backend._listen_own_and_attempt if listen else backend._attempt
+    args = (name, digest, token, 10, ("host", 1, "thread"), one)
+    return backend._call("acquire", attempt, *args)
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 class TestHandover:
     """One waiter's steps, taken one at a time on this thread's connection."""
 
-    identity = ("host", 1, "thread")
-
-    def _queue(self, backend, name, token, listen=True):
-        """One attempt of waiter ``token`` for a permit of 1, which queues it."""
-        one = permit(1)
-        digest = backend._kind_digest(name, one)
-        attempt = backend._listen_own_and_attempt if listen else backend._attempt
-        args = (name, digest, token, 10, self.identity, one)
-        return backend._call("acquire", attempt, *args)
-
     def test_the_release_grants_the_first_waiter_its_permit(self, handing, name):
         first = handing.acquire(name, 10, 0, permit(1))
         token = "a" * 32
-        assert self._queue(handing, name, token)[0] is None
+        assert _queue(handing, name, token)[0] is None
         place = _rows(handing, token=token).get()
         assert place.kind == "queued" and place.ttl == 10
         assert place.channel.startswith("distlock_conn_")
@@ -381,7 +380,7 @@ class TestHandover:
         wait = handing._wait_handed
         assert handing._call("wait", wait, token, 5) == granted.fence
         # An attempt that comes first finds the permit handed over.
-        assert self._queue(handing, name, token)[0] == granted.fence
+        assert _queue(handing, name, token)[0] == granted.fence
         assert handing.acquire(name, 10, 0, permit(1)) is None
         assert handing.force_release_many([(name, token, permit(1))]) == [True]
         assert handing.acquire(name, 10, 0, permit(1)) is not None
@@ -389,8 +388,8 @@ class TestHandover:
     def test_a_waiter_that_gives_up_passes_its_permit_on(self, handing, name):
         first = handing.acquire(name, 10, 0, permit(1))
         early, late = "b" * 32, "c" * 32
-        assert self._queue(handing, name, early)[0] is None
-        assert self._queue(handing, name, late)[0] is None
+        assert _queue(handing, name, early)[0] is None
+        assert _queue(handing, name, late)[0] is None
         assert handing.release(first)
         assert _rows(handing, token=early).get().kind == "permit"
         # The early waiter timed out as its permit came: its withdrawal gives
@@ -408,13 +407,13 @@ class TestHandover:
         # waiter behind it is not served first.
         first = handing.acquire(name, 10, 0, permit(1))
         older, newer = "d" * 32, "e" * 32
-        assert self._queue(handing, name, older, listen=False)[0] is None
-        assert self._queue(handing, name, newer)[0] is None
+        assert _queue(handing, name, older, listen=False)[0] is None
+        assert _queue(handing, name, newer)[0] is None
         assert _rows(handing, token=older).get().channel is None
         assert handing.release(first)
         assert _rows(handing, token=older).get().kind == "queued"
         assert _rows(handing, token=newer).get().kind == "queued"
-        fence, _wait = self._queue(handing, name, older, listen=False)
+        fence, _wait = _queue(handing, name, older, listen=False)
         assert fence == first.fencing_token + 1
         assert handing.force_release_many([(name, older, permit(1))]) == [True]
         assert _rows(handing, token=newer).get().kind == "permit"
@@ -455,9 +454,9 @@ class TestRowsReused:
         holder = handing.acquire(name, 10, 0, one)
         gone, early, late = "f" * 32, "1" * 32, "2" * 32
         for token in (gone, early):
-            assert TestHandover()._queue(handing, name, token)[0] is None
+            assert _queue(handing, name, token)[0] is None
         handing._withdraw(digest, gone)
-        assert TestHandover()._queue(handing, name, late)[0] is None
+        assert _queue(handing, name, late)[0] is None
         assert (
             _rows(handing, token=late).get().id < _rows(handing, token=early).get().id
         )
