@@ -346,6 +346,28 @@ class TestLayout:
                 time.sleep(0.1)
             assert client.keys("*") == []
 
+    def test_a_waiter_that_takes_an_expired_lease_leaves_the_queue(
+        self, redis_url, redis_server
+    ):
+        # Only a retry looks for the caller's place in the queue: the
+        # waiter queued on its first attempt, then took the lease by a retry
+        # once the holder's lease ran out (no release, so no handoff).
+        client = redis_server.client()
+        with override_settings(LOCKS=_settings(redis_url)):
+            keys = locks["default"].keys_for("x")
+            gone = lock("x", ttl=0.3, auto_renew=False)
+            assert gone.acquire()
+            waiter = lock("x", timeout=10, auto_renew=False)
+            assert waiter.acquire()
+            assert client.llen(keys.queue) == 0
+            assert client.hlen(keys.records) == 0
+            lease = client.hgetall(keys.lease)
+            assert lease[b"t"] == waiter.lease.token.encode()
+            # The time acquired (ms) is the fencing token (µs) to the ms.
+            assert int(lease[b"a"]) == int(lease[b"f"]) // 1000
+            waiter.release()
+            assert client.keys("*") == []
+
 
 class TestWaiters:
     """Queued waiters that go away never keep the lock."""

@@ -241,6 +241,9 @@ class RedisLockBackend(
         self, name: str, ttl: float, timeout: float | None, token: str | None = None
     ) -> Generator[Command, Any, Lease | None]:
         keys = self._keys.get(name) or self.keys_for(name)
+        # A token of our own making cannot be queued yet: the script skips the
+        # look for its place in the queue (see acquire.lua's ARGV[8]).
+        queued = 0 if token is None else 1
         token = token or new_token()
         host, pid, thread = holder_identity()
         start = time.monotonic()
@@ -258,7 +261,7 @@ class RedisLockBackend(
         else:
             live_ms = ms(deadline - start) + WAITER_GRACE_MS
         try:
-            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms, queued])
             if self.wait_replicas:
                 reply = yield from self._replicated(acquire, keys, token, granted_by)
                 acquired, value = reply or (0, 0)
@@ -389,7 +392,7 @@ class RedisLockBackend(
             sent = time.monotonic()
             slice_len = min(self.max_wait_slice, deadline - sent)
             live_ms = ms(max(slice_len, 0.001)) + WAITER_GRACE_MS
-            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms])
+            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms, 1])
             if self.wait_replicas:
                 reply = yield from self._replicated(acquire, keys, token, granted_by)
                 acquired, value = reply or (0, 0)

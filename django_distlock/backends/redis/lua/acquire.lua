@@ -4,6 +4,7 @@
 -- KEYS[3] waiter records (hash token -> msgpack {deadline_ms, ttl_ms, host, pid, thread})
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] name  ARGV[4] host  ARGV[5] pid
 -- ARGV[6] thread  ARGV[7] 0 to try once, else ms the caller's waiter record lives
+-- ARGV[8] 1 if this token may be queued already (a retry), else 0
 --
 -- Returns {1, fence}: acquired (also when the lease is already this token's,
 --                     so a retried call is harmless).
@@ -18,10 +19,12 @@ end
 local now = redis.call('time')
 if not holder then
   local fence = now[1] .. string.format('%06d', now[2])
+  -- 'a', the time acquired in ms, is the fence without its last three digits.
   redis.call('hset', KEYS[1], 't', ARGV[1], 'f', fence, 'n', ARGV[3], 'h', ARGV[4],
-             'p', ARGV[5], 'th', ARGV[6], 'a', now[1] .. string.format('%03d', math.floor(now[2] / 1000)))
+             'p', ARGV[5], 'th', ARGV[6], 'a', string.sub(fence, 1, -4))
   redis.call('pexpire', KEYS[1], ARGV[2])
-  if ARGV[7] ~= '0' and redis.call('hdel', KEYS[3], ARGV[1]) == 1 then
+  -- A fresh token has no place in the queue: only a retry looks for one.
+  if ARGV[8] == '1' and redis.call('hdel', KEYS[3], ARGV[1]) == 1 then
     redis.call('lrem', KEYS[2], 1, ARGV[1])
   end
   return {1, fence}
