@@ -5,7 +5,12 @@ instructions the Python process executes per cycle does not. For each mode
 this runs the cycle under ``valgrind --tool=callgrind`` twice, with N cycles
 and with none (both after the same warm-up), and reports the difference
 divided by N: the instructions of one cycle, start-up and warm-up removed.
-The redis-server runs outside valgrind and is not counted.
+The redis-server runs outside valgrind and is not counted, unless
+``--server``: then each single-server mode also runs against a redis-server
+under callgrind (the client outside it), N cycles and none, and the server's
+instructions per cycle are reported beside the client's, with the ratios of
+their sums. A lock whose scripts do more than the floor's commands pays for
+it on the server, which the client's count does not show.
 
 Modes: ``floor`` (SET NX PX + EVALSHA through redis-py), ``redispy`` (redis-py's
 ``Lock``), ``sync`` and ``sync-renew`` (``with lock(name, auto_renew=...)``),
@@ -131,40 +136,71 @@ def _inner(mode: str, n: int) -> None:
         cycle()
 
 
-def _instructions(mode: str, n: int, env: dict) -> int:
-    """Return the instructions callgrind counts for ``_inner(mode, n)``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "cg.out")
-        subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                "-m",
-                "benchmarks.cycles_cg",
-                "--inner",
-                mode,
-                "-n",
-                str(n),
-            ],
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        with open(out) as f:
-            text = f.read()
+def _callgrind(out: str) -> list[str]:
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+
+
+def _total(out: str) -> int:
+    """Return the instruction total of the callgrind report ``out``."""
+    with open(out) as f:
+        text = f.read()
     match = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
     if match is None:
         raise RuntimeError("no instruction total in the callgrind output")
     return int(match.group(1))
 
 
+def _run_inner(mode: str, n: int, env: dict, wrapper: list[str]) -> None:
+    subprocess.run(
+        [
+            *wrapper,
+            sys.executable,
+            "-m",
+            "benchmarks.cycles_cg",
+            "--inner",
+            mode,
+            "-n",
+            str(n),
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _instructions(mode: str, n: int, env: dict) -> int:
+    """Return the instructions callgrind counts for ``_inner(mode, n)``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg.out")
+        _run_inner(mode, n, env, _callgrind(out))
+        return _total(out)
+
+
+def _server_instructions(mode: str, n: int, env: dict) -> int:
+    """Return the instructions of a redis-server under callgrind, from its
+    start to its stop, that served ``_inner(mode, n)``."""
+    from .servers import RedisServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg.out")
+        server = RedisServer(wrapper=_callgrind(out)).start()
+        try:
+            _run_inner(mode, n, {**env, "DISTLOCK_BENCH_REDIS": server.url}, [])
+        finally:
+            server.stop()
+        return _total(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cycles_cg")
     parser.add_argument("modes", nargs="*", help=f"some of {', '.join(MODES)}")
     parser.add_argument("-n", type=int, default=1000, help="cycles (default 1000)")
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="also count the redis-server's instructions (single-server modes)",
+    )
     parser.add_argument("--inner", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inner:
@@ -190,16 +226,30 @@ def main(argv=None) -> int:
             ),
             "PYTHONHASHSEED": "0",
         }
-        per_cycle = {}
+        per_cycle, on_server = {}, {}
         for mode in modes:
             base = _instructions(mode, 0, env)
             total = _instructions(mode, args.n, env)
             per_cycle[mode] = (total - base) / args.n
-            print(f"{mode:12} {per_cycle[mode]:>10,.0f} instructions per cycle")
+            line = f"{mode:12} {per_cycle[mode]:>10,.0f} instructions per cycle"
+            if args.server and mode not in REDLOCK_MODES:
+                base = _server_instructions(mode, 0, env)
+                total = _server_instructions(mode, args.n, env)
+                on_server[mode] = (total - base) / args.n
+                both = per_cycle[mode] + on_server[mode]
+                line += f", {on_server[mode]:>8,.0f} on the server"
+                line += f", {both:>10,.0f} in all"
+            print(line)
         for mode, ref, target in RATIOS:
             if mode in per_cycle and ref in per_cycle:
                 ratio = per_cycle[mode] / per_cycle[ref]
-                print(f"{mode} / {ref}: {ratio:.3f} (target {target:.2f})")
+                line = f"{mode} / {ref}: {ratio:.3f} (target {target:.2f})"
+                if mode in on_server and ref in on_server:
+                    both = (per_cycle[mode] + on_server[mode]) / (
+                        per_cycle[ref] + on_server[ref]
+                    )
+                    line += f"; with the server's: {both:.3f}"
+                print(line)
     finally:
         for node in nodes:
             node.stop()

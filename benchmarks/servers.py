@@ -31,14 +31,19 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
 
 
 class RedisServer:
-    """One ``redis-server`` on a free loopback port, without persistence."""
+    """One ``redis-server`` on a free loopback port, without persistence.
 
-    def __init__(self) -> None:
+    ``wrapper`` is a command line the server runs under (``valgrind ...``):
+    a graceful stop (SIGTERM) lets the wrapper write its report.
+    """
+
+    def __init__(self, wrapper: list[str] | None = None) -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not on PATH")
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="distlock-bench-redis-")
         self.proc: subprocess.Popen | None = None
+        self.wrapper = wrapper or []
 
     @property
     def url(self) -> str:
@@ -47,6 +52,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [
+                *self.wrapper,
                 "redis-server",
                 "--port",
                 str(self.port),
@@ -64,7 +70,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + (60 if self.wrapper else 10)
         while not port_open("127.0.0.1", self.port, 0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -76,7 +82,7 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(5)
+                self.proc.wait(60 if self.wrapper else 5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
