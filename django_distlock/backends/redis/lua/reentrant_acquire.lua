@@ -44,7 +44,7 @@ if not holder then
   local fence = now[1] .. string.format('%06d', now[2])
   redis.call('hset', KEYS[1], 't', ARGV[1], 'f', fence, 'n', ARGV[3], 'h', ARGV[4],
              'p', ARGV[5], 'th', ARGV[6],
-             'a', now[1] .. string.format('%03d', math.floor(now[2] / 1000)),
+             'a', string.sub(fence, 1, -4),  -- the time acquired, in ms
              'o', ARGV[8] .. ' ' .. ARGV[1], 'c', 1)
   redis.call('pexpire', KEYS[1], ttl)
   if ARGV[7] ~= '0' and redis.call('hdel', KEYS[3], ARGV[1]) == 1 then

@@ -21,8 +21,8 @@ if ARGV[3] ~= '' and lease[2] == ARGV[3] .. ' ' .. ARGV[1]
   redis.call('hincrby', KEYS[1], 'c', -1)
   return 3
 end
-local now = redis.call('time')
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+-- The clock is read only for a waiter: an uncontended release does not need it.
+local now, now_ms
 while true do
   local waiter = redis.call('lpop', KEYS[2])
   if not waiter then
@@ -30,6 +30,10 @@ while true do
   end
   local packed = redis.call('hget', KEYS[3], waiter)
   if packed then
+    if not now then
+      now = redis.call('time')
+      now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    end
     redis.call('hdel', KEYS[3], waiter)
     local r = cmsgpack.unpack(packed)
     if r[1] > now_ms then
