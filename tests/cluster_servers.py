@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -49,23 +47,6 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
         time.sleep(interval)
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def cluster_port() -> int:
-    """Return a free loopback port whose cluster bus port (+10000) is free too."""
-    while True:
-        port = random.randint(20000, 45000)
-        if _bindable(port) and _bindable(port + 10000):
-            return port
-
-
 def _redis_client(port: int):
     import redis
 
@@ -87,7 +68,7 @@ class RedisCluster:
             unavailable("redis-cli is not on PATH")
         self.nodes = [
             RedisServer(
-                cluster_port(),
+                free_port(bus=True),
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",

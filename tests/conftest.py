@@ -128,3 +128,25 @@ def _mariadb_version_read(django_db_blocker):
             connections["mysql"].mysql_server_info  # noqa: B018 (cached)
         except Exception:  # unreachable: the tests that need it say so
             pass
+
+
+#: The name of the test-report property that carries a torture scenario's
+#: verdict (``tests/torture/conftest.py``). The summary is made from the
+#: reports: with pytest-xdist, they are all that reaches the main process.
+TORTURE_VERDICT = "torture verdict"
+_torture_summaries: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    # The teardown report carries every property the test added.
+    if report.when == "teardown":
+        _torture_summaries.extend(
+            value for name, value in report.user_properties if name == TORTURE_VERDICT
+        )
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _torture_summaries:
+        terminalreporter.section("torture report")
+        for summary in _torture_summaries:
+            terminalreporter.write_line(summary)

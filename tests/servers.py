@@ -6,13 +6,16 @@ else on the machine is touched.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -26,8 +29,54 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+def _worker_ports() -> Iterator[int] | None:
+    """The ports of this pytest-xdist worker (``gw0`` to ``gw9``), or None.
+
+    Each worker draws from a block of 1,000 ports of its own, below the
+    kernel's ephemeral range (where clients' sockets and ``bind(0)`` land), in
+    turn from a place set by its process id: two workers never pick the same
+    port, and a killed server's port is not handed out again while it waits
+    to be restarted on it. Blocks of 10000-19999; a Redis Cluster node's bus
+    port (+10000) stays below the ephemeral range too.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < 10):
+        return None
+    block = range(10000 + 1000 * int(worker[2:]), 11000 + 1000 * int(worker[2:]))
+    offset = os.getpid() % len(block)
+    return itertools.cycle([*block[offset:], *block[:offset]])
+
+
+_WORKER_PORTS = _worker_ports()
+
+
+def bindable(port: int) -> bool:
+    """Return whether a socket can bind ``port`` on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(*, bus: bool = False) -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now.
+
+    With ``bus``, the port 10000 above it (a Redis Cluster node's bus) is
+    free too.
+    """
+    if _WORKER_PORTS is not None:
+        for _ in range(1000):
+            port = next(_WORKER_PORTS)
+            if bindable(port) and (not bus or bindable(port + 10000)):
+                return port
+        raise RuntimeError("no free port left in this worker's block")
+    if bus:
+        while True:
+            port = random.randint(20000, 45000)
+            if bindable(port) and bindable(port + 10000):
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

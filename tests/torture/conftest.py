@@ -7,7 +7,7 @@ import os
 import pytest
 from django.test import override_settings
 
-from ..conftest import require_tcp
+from ..conftest import TORTURE_VERDICT, require_tcp
 from .harness import LONG, VERDICTS, abort_runs, make_env, stop_servants
 
 DB_ALIASES = ["default", "postgres", "mysql"]
@@ -70,6 +70,17 @@ def _servants():
     stop_servants()
 
 
+@pytest.fixture(autouse=True)
+def _verdicts_on_the_report(request):
+    """Carry the verdicts a scenario judged on its test report: the run's
+    summary (``tests/conftest.py``) is printed from the reports, which reach
+    it from pytest-xdist workers too."""
+    before = len(VERDICTS)
+    yield
+    for verdict in VERDICTS[before:]:
+        request.node.user_properties.append((TORTURE_VERDICT, verdict.summary()))
+
+
 @pytest.fixture
 def kind():
     raise AssertionError("parametrize 'kind' with backends(...)")
@@ -93,14 +104,6 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not VERDICTS:
-        return
-    terminalreporter.section("torture report")
-    for verdict in VERDICTS:
-        terminalreporter.write_line(verdict.summary())
 
 
 __all__ = ["backends", "long_only", "require_tcp", "DB_ALIASES"]
