@@ -187,20 +187,7 @@ class WaitingMixin:
                     self._call("stop listening", self._unlisten, channels)
                 except LockBackendError:
                     pass
-        if fence is None:
-            if token in self._queued:
-                self._withdraw(digest, token)
-            return None
-        return Lease(
-            self.alias,
-            name,
-            token,
-            fence,
-            ttl,
-            sent + ttl,
-            state=digest,
-            kind=EXCLUSIVE if kind is None else kind,
-        )
+        return self._outcome(name, digest, token, fence, ttl, sent, kind)
 
     def _acquire_handed(
         self,
@@ -237,13 +224,47 @@ class WaitingMixin:
             if fence is not None:
                 self._queued.discard(token)
                 break
+        return self._outcome(name, digest, token, fence, ttl, sent, kind)
+
+    def _lease(
+        self,
+        name: str,
+        digest: str,
+        token: str,
+        fence: int,
+        ttl: float,
+        sent: float,
+        kind: Kind | None,
+    ) -> Lease:
+        """The lease of the attempt sent at ``sent`` that obtained ``fence``."""
+        return Lease(
+            self.alias,
+            name,
+            token,
+            fence,
+            ttl,
+            sent + ttl,
+            state=digest,
+            kind=EXCLUSIVE if kind is None else kind,
+        )
+
+    def _outcome(
+        self,
+        name: str,
+        digest: str,
+        token: str,
+        fence: int | None,
+        ttl: float,
+        sent: float,
+        kind: Kind | None,
+    ) -> Lease | None:
+        """The lease of a wait that obtained ``fence``; None for one that gave
+        up, once its place in the queue (if it had one) is taken back."""
         if fence is None:
             if token in self._queued:
                 self._withdraw(digest, token)
             return None
-        return Lease(
-            self.alias, name, token, fence, ttl, sent + ttl, state=digest, kind=kind
-        )
+        return self._lease(name, digest, token, fence, ttl, sent, kind)
 
     # -- polling, written once for acquire() and aacquire() ---------------
 
@@ -275,20 +296,7 @@ class WaitingMixin:
             sent = time.monotonic()
             fence, hint = yield ("attempt", args)
             if fence is not None:
-                if kind is None:
-                    return Lease(
-                        self.alias, name, token, fence, ttl, sent + ttl, state=digest
-                    )
-                return Lease(
-                    self.alias,
-                    name,
-                    token,
-                    fence,
-                    ttl,
-                    sent + ttl,
-                    state=digest,
-                    kind=kind,
-                )
+                return self._lease(name, digest, token, fence, ttl, sent, kind)
             if not hint and quick < 3:
                 quick += 1  # the row was free or just created: go again now
                 continue
