@@ -40,9 +40,12 @@ def _worker_ports() -> Iterator[int] | None:
     port (+10000) stays below the ephemeral range too.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not (worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < 10):
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
         return None
-    block = range(10000 + 1000 * int(worker[2:]), 11000 + 1000 * int(worker[2:]))
+    index = int(worker[2:])
+    if index >= 10:
+        return None
+    block = range(10000 + 1000 * index, 11000 + 1000 * index)
     offset = os.getpid() % len(block)
     return itertools.cycle([*block[offset:], *block[:offset]])
 
