@@ -491,6 +491,49 @@ def test_an_equal_exclusive_kind_takes_the_exclusive_path(backend, name):
     assert backend.release(lease)
 
 
+def test_a_name_waits_on_no_row_of_another_name(backend, name):
+    # Another transaction holds the row locks of one name's holders; every
+    # change to the holders of another name goes on meanwhile. A name with
+    # most of the table's rows is where MariaDB's optimizer prefers a table
+    # scan, which waits on every locked row: two releases of two names, each
+    # waiting on the other's row, were a deadlock.
+    if backend.database == "default":
+        pytest.skip("SQLite locks the whole file, not rows")
+    from django.db import transaction
+
+    crowd = [backend.acquire(name + ":b", 30, 0, permit(9)) for _ in range(8)]
+    held = [backend.acquire(name + ":a", 30, 0, kind) for kind in (SHARED, permit(2))]
+    ids = list(_rows(backend, token__in=[h.token for h in held]).values_list("pk"))
+    assert len(ids) == 2
+    done = threading.Event()
+    errors = []
+
+    def other_name() -> None:
+        try:
+            mine = backend.acquire(name + ":b", 30, 1, permit(9))
+            assert backend.extend(mine, 30)
+            assert backend.is_held(mine)
+            for lease in (mine, *crowd):
+                assert backend.release(lease)
+            done.set()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(using=backend.database):
+        rows = _rows(backend, pk__in=[i for (i,) in ids]).select_for_update()
+        assert len(list(rows)) == 2  # locked by primary key: those rows only
+        worker = threading.Thread(target=other_name)
+        worker.start()
+        worker.join(30)
+        finished = done.is_set()
+    worker.join()
+    assert errors == [] and finished, "waited on another name's rows"
+    for lease in held:
+        assert backend.release(lease)
+
+
 @pytest.mark.parametrize("mode", ["exclusive", "shared", "permit"])
 def test_first_holders_of_a_new_name_arrive_at_once(backend, name, mode):
     # Eight processes take the first lease of names nobody used before, at

@@ -11,6 +11,7 @@ __all__ = [
     "PERMITS_MARK",
     "SHARED_MARK",
     "SHARES",
+    "SHARES_INDEX",
     "TABLE",
     "Dialect",
 ]
@@ -21,6 +22,8 @@ TABLE = "django_distlock_lockrecord"
 #: The table of shared holders, permits and queued waiters
 #: (``django_distlock.models.LockShare``).
 SHARES = "django_distlock_lockshare"
+#: The index of ``SHARES`` on ``digest`` (``LockShare.Meta.indexes``).
+SHARES_INDEX = "distlock_share_digest"
 #: ``digest`` of the fence-floor row: the highest fence of any deleted row.
 FLOOR = ""
 #: The ``token`` of a lock row while shared holders have it, and of a
@@ -65,6 +68,15 @@ class Dialect:
     def prepare(self, sql: str) -> str:
         """Return ``sql`` in the driver's placeholder style."""
         return sql
+
+    def by_digest(self, shares: str) -> str:
+        """Return ``shares`` as the table of a statement that locks one
+        name's rows (a WHERE on ``digest``)."""
+        return shares
+
+    def delete_by_digest(self, shares: str) -> str:
+        """Return the head of a DELETE of one name's rows of ``shares``."""
+        return f"DELETE FROM {shares}"
 
     def build(self, table: str, shares: str = SHARES) -> dict[str, str]:
         """Return every statement of the backend, for ``table`` and ``shares``.
@@ -150,6 +162,8 @@ class Dialect:
         holding = "kind IN ('shared', 'permit')"
         # Free rows (PostgreSQL keeps them for reuse) go with the places.
         waiting = "kind IN ('writer', 'queued', 'free')"
+        # Statements that lock a name's rows reach them by its digest.
+        locking, delete = self.by_digest(shares), self.delete_by_digest(shares)
         in_namespace = (
             f"(digest IN (SELECT digest FROM {table} WHERE namespace = %s) OR "
             f"digest NOT IN (SELECT digest FROM {table}))"
@@ -164,7 +178,7 @@ class Dialect:
                 "(digest, namespace, name, fence, host, thread) "
                 f"VALUES (%s, %s, %s, %s, '', ''){self.on_conflict}"
             ),
-            "shares_purge": f"DELETE FROM {shares} WHERE digest = %s AND NOT {live}",
+            "shares_purge": f"{delete} WHERE digest = %s AND NOT {live}",
             "writers_waiting": (
                 f"SELECT {remaining} FROM {shares} WHERE digest = %s "
                 f"AND kind = 'writer' AND {live}"
@@ -181,7 +195,7 @@ class Dialect:
                 "token = %s, fence = %s WHERE digest = %s"
             ),
             "share_extend": (
-                f"UPDATE {shares} SET expires_at = {later} WHERE token = %s "
+                f"UPDATE {locking} SET expires_at = {later} WHERE token = %s "
                 f"AND digest = %s AND kind = %s AND {live}"
             ),
             "mark_extend": (
@@ -189,12 +203,12 @@ class Dialect:
                 f"AND token = %s AND expires_at < {later}"
             ),
             "share_live": (
-                f"SELECT {live}, kind FROM {shares} WHERE token = %s AND digest = %s"
-                + self.for_update
+                f"SELECT {live}, kind FROM {locking} WHERE token = %s "
+                f"AND digest = %s{self.for_update}"
             ),
-            "share_delete": f"DELETE FROM {shares} WHERE digest = %s AND token = %s",
+            "share_delete": f"{delete} WHERE digest = %s AND token = %s",
             "share_refresh": (
-                f"UPDATE {shares} SET expires_at = {later} "
+                f"UPDATE {locking} SET expires_at = {later} "
                 "WHERE digest = %s AND token = %s"
             ),
             # The row stays marked while a holder of ``kind`` lives, until
@@ -297,6 +311,17 @@ class MySQLDialect(Dialect):
 
     def ttl_param(self, seconds: float) -> Any:
         return int(math.ceil(seconds * 1_000_000))
+
+    def by_digest(self, shares: str) -> str:
+        # Never a table scan, which the optimizer picks when one name has most
+        # of the table's rows: a locking scan waits on every row another
+        # transaction has locked, other names' too, and two releases of two
+        # names, each waiting on the other's row, are a deadlock.
+        return f"{shares} FORCE INDEX ({SHARES_INDEX})"
+
+    def delete_by_digest(self, shares: str) -> str:
+        # The multi-table form: a single-table DELETE takes no index hint.
+        return f"DELETE s FROM {shares} s FORCE INDEX ({SHARES_INDEX})"
 
     def epoch(self, column: str) -> str:
         # Not UNIX_TIMESTAMP(): it reads the value in the session's time zone.
