@@ -10,9 +10,11 @@ what can differ between versions:
   decorator; the ``locks`` command; the admin), among them a test across
   processes for each backend, so every combination that ``pyproject.toml``
   accepts has run against real servers;
-- the whole Django suite (ORM fencing, the database backend, the decorator,
-  the command, the admin, checks) on each Django with the newest Python it
-  supports, and on the oldest of everything (``DJANGO_CELLS``);
+- the whole Django suite (ORM fencing, the database backend on SQLite,
+  PostgreSQL with and without ``WAIT = "notify"`` and MariaDB, the
+  decorator, the command, the admin, checks) on each Django with the newest
+  Python it supports, and on the oldest of everything (``DJANGO_CELLS``),
+  whose cells also run the oldest drivers (``tox.ini``);
 - the whole Redis suite (the Redis, Redlock and reentrant contracts, asyncio)
   on each redis-py with the newest Python and Django, on the oldest of
   everything, and without hiredis (``REDIS_CELLS``).
@@ -55,6 +57,8 @@ REDIS_CELLS = {
 DJANGO_SUITE = [
     "tests/test_database_backend.py::TestSQLiteContract",
     "tests/test_database_backend.py::TestPostgresContract",
+    "tests/test_database_backend.py::TestPostgresNotifyContract",
+    "tests/test_database_backend.py::TestMySQLContract",
     "tests/test_fencing.py",
     "tests/test_decorators.py",
     "tests/test_command.py",
