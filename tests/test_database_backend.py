@@ -493,6 +493,20 @@ def test_check_options():
     assert _ids({"OPTIONS": pg}) == []
 
 
+def test_check_notify_needs_psycopg_3_2(monkeypatch):
+    # psycopg 3.1's notifies() takes no timeout: the wait would fail.
+    import psycopg
+
+    pg = {"DATABASE": "postgres", "WAIT": "notify"}
+    monkeypatch.setattr(psycopg, "__version__", "3.1.19")
+    (message,) = DatabaseLockBackend.check("default", {"OPTIONS": pg})
+    assert message.id == "distlock.E009" and "psycopg 3.1.19" in message.msg
+    assert "3.2" in message.hint
+    assert _ids({"OPTIONS": {"DATABASE": "postgres"}}) == []  # polling needs no more
+    monkeypatch.setattr(psycopg, "__version__", "3.2.1")
+    assert _ids({"OPTIONS": pg}) == []
+
+
 def test_statements_prepared_unless_a_pooler_is_declared():
     from django_distlock.backends.database import _can_prepare
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from typing import Any
 
@@ -12,6 +13,18 @@ __all__ = ["DEFAULT_MAX_BACKOFF", "check_database"]
 
 #: Longest sleep between two polls of a busy lock, seconds, by default.
 DEFAULT_MAX_BACKOFF = 0.05
+
+
+def _without_notifies(connection: Any) -> str | None:
+    """Return the driver of PostgreSQL ``connection`` if it cannot wait for a
+    notification with a timeout (psycopg2, psycopg before 3.2), else None."""
+    module = connection.Database
+    if module.__name__ != "psycopg":
+        return module.__name__
+    version = module.__version__
+    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < (3, 2):
+        return f"psycopg {version}"
+    return None
 
 
 def check_database(alias: str, params: dict[str, Any]) -> list:
@@ -38,6 +51,18 @@ def check_database(alias: str, params: dict[str, Any]) -> list:
             Error(
                 f"{where}['WAIT'] is 'notify' on {database!r}, a {vendor} database.",
                 hint="LISTEN/NOTIFY exists on PostgreSQL only; leave WAIT out to poll.",
+                obj="settings.LOCKS",
+                id="distlock.E009",
+            )
+        )
+    elif wait == "notify" and (driver := _without_notifies(connections[database])):
+        errors.append(
+            Error(
+                f"{where}['WAIT'] is 'notify' on {database!r}, which Django "
+                f"reaches through {driver}.",
+                hint="Waiting for a notification with a timeout needs psycopg "
+                '3.2 or later: pip install "django-distlock[postgres]", or '
+                "leave WAIT out to poll.",
                 obj="settings.LOCKS",
                 id="distlock.E009",
             )
