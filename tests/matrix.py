@@ -15,9 +15,10 @@ what can differ between versions:
   decorator, the command, the admin, checks) on each Django with the newest
   Python it supports, and on the oldest of everything (``DJANGO_CELLS``),
   whose cells also run the oldest drivers (``tox.ini``);
-- the whole Redis suite (the Redis, Redlock and reentrant contracts, asyncio)
-  on each redis-py with the newest Python and Django, on the oldest of
-  everything, and without hiredis (``REDIS_CELLS``).
+- the whole Redis suite (the Redis, Redlock and reentrant contracts,
+  ``OPTIONS["CACHE"]`` with django-redis, asyncio) on each redis-py with the
+  newest Python and Django, on the oldest of everything, and without hiredis
+  (``REDIS_CELLS``).
 
 Usage: ``python -m tests.matrix CELL [pytest args]``. The exit status is
 pytest's, except that "no tests ran" (5) is a failure, and so is a part of
@@ -77,6 +78,7 @@ DJANGO_DESELECT = [
 ]
 REDIS_SUITE = [
     "tests/test_redis_backend.py::TestRedisContract",
+    "tests/test_redis_backend.py::TestCacheOption",
     "tests/test_redlock.py::TestRedlockContract",
     "tests/test_reentrant.py::TestReentrantContract",
     "tests/test_async.py",
