@@ -503,7 +503,9 @@ def test_a_name_waits_on_no_row_of_another_name(backend, name):
 
     crowd = [backend.acquire(name + ":b", 30, 0, permit(9)) for _ in range(8)]
     held = [backend.acquire(name + ":a", 30, 0, kind) for kind in (SHARED, permit(2))]
-    ids = list(_rows(backend, token__in=[h.token for h in held]).values_list("pk"))
+    ids = list(
+        _rows(backend, token__in=[h.token for h in held]).values_list("pk", flat=True)
+    )
     assert len(ids) == 2
     done = threading.Event()
     errors = []
@@ -522,7 +524,7 @@ def test_a_name_waits_on_no_row_of_another_name(backend, name):
             connections.close_all()
 
     with transaction.atomic(using=backend.database):
-        rows = _rows(backend, pk__in=[i for (i,) in ids]).select_for_update()
+        rows = _rows(backend, pk__in=ids).select_for_update()
         assert len(list(rows)) == 2  # locked by primary key: those rows only
         worker = threading.Thread(target=other_name)
         worker.start()

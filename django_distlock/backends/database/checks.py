@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from typing import Any
 
@@ -18,12 +17,13 @@ DEFAULT_MAX_BACKOFF = 0.05
 def _without_notifies(connection: Any) -> str | None:
     """Return the driver of PostgreSQL ``connection`` if it cannot wait for a
     notification with a timeout (psycopg2, psycopg before 3.2), else None."""
+    from django.utils.version import get_version_tuple
+
     module = connection.Database
     if module.__name__ != "psycopg":
         return module.__name__
-    version = module.__version__
-    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < (3, 2):
-        return f"psycopg {version}"
+    if get_version_tuple(module.__version__) < (3, 2):
+        return f"psycopg {module.__version__}"
     return None
 
 
