@@ -18,7 +18,13 @@ what can differ between versions:
 - the whole Redis suite (the Redis, Redlock and reentrant contracts,
   ``OPTIONS["CACHE"]`` with django-redis, asyncio) on each redis-py with the
   newest Python and Django, on the oldest of everything, and without hiredis
-  (``REDIS_CELLS``).
+  (``REDIS_CELLS``);
+- the integrations suite (the ZooKeeper backend with kazoo, Celery's
+  ``locked_task`` on real workers, the Prometheus metrics, the OpenTelemetry
+  spans) on the oldest of everything (``INTEGRATIONS_CELLS``), with the
+  floors of their extras pinned (``tox.ini``): the newest releases run in
+  the main suite. Only that cell installs them; no other cell collects
+  these tests.
 
 Usage: ``python -m tests.matrix CELL [pytest args]``. The exit status is
 pytest's, except that "no tests ran" (5) is a failure, and so is a part of
@@ -55,6 +61,13 @@ REDIS_CELLS = {
     "py312-dj61-redis8-nohiredis",
 }
 
+#: The cells of the integrations suite: the oldest of everything, with the
+#: oldest kazoo, Celery, prometheus_client and OpenTelemetry that
+#: pyproject.toml accepts (tox.ini pins them there alone).
+INTEGRATIONS_CELLS = {
+    "py310-dj42-redis8",
+}
+
 DJANGO_SUITE = [
     "tests/test_database_backend.py::TestSQLiteContract",
     "tests/test_database_backend.py::TestPostgresContract",
@@ -82,6 +95,19 @@ REDIS_SUITE = [
     "tests/test_redlock.py::TestRedlockContract",
     "tests/test_reentrant.py::TestReentrantContract",
     "tests/test_async.py",
+]
+#: Each test of kazoo, Celery, prometheus_client or OpenTelemetry: a real
+#: ZooKeeper (started by the tests, Debian's package: scripts/bootstrap) and
+#: the machine's RabbitMQ; none takes 10 s, so nothing is deselected.
+INTEGRATIONS_SUITE = [
+    "tests/test_zookeeper.py",
+    "tests/test_zookeeper_kinds.py",
+    "tests/test_kinds_contract.py::TestZooKeeperKinds",
+    "tests/test_celery.py",
+    "tests/test_prometheus.py",
+    "tests/test_otel.py",
+    "tests/test_kinds.py::test_prometheus_counts_by_kind",
+    "tests/test_kinds.py::test_otel_spans_carry_the_kind",
 ]
 CONTRACT_SLICE = (
     "test_acquire_release",
@@ -131,6 +157,8 @@ def suites(cell: str) -> list[str]:
         chosen.append("django")
     if cell in REDIS_CELLS:
         chosen.append("redis")
+    if cell in INTEGRATIONS_CELLS:
+        chosen.append("integrations")
     return chosen
 
 
@@ -144,6 +172,8 @@ def pytest_args(cell: str) -> list[str]:
             args += ["--deselect", nodeid]
     if "redis" in chosen:
         args += REDIS_SUITE
+    if "integrations" in chosen:
+        args += INTEGRATIONS_SUITE
     return args
 
 
@@ -195,7 +225,7 @@ def report(results: str) -> int:
 
     worst = 0
     print(
-        f"{'cell':<30} {'suites':<14} {'passed':>6} {'skipped':>7} "
+        f"{'cell':<30} {'suites':<25} {'passed':>6} {'skipped':>7} "
         f"{'failed':>6} {'seconds':>7}"
     )
     for name in sorted(os.listdir(results)):
@@ -210,7 +240,7 @@ def report(results: str) -> int:
         if failed or not passed:
             worst = 1
         print(
-            f"{cell:<30} {'+'.join(suites(cell)):<14} {passed:>6} {skipped:>7} "
+            f"{cell:<30} {'+'.join(suites(cell)):<25} {passed:>6} {skipped:>7} "
             f"{failed:>6} {float(suite.get('time')):>7.0f}"
         )
     return worst
