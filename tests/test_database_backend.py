@@ -507,6 +507,25 @@ def test_check_notify_needs_psycopg_3_2(monkeypatch):
     assert _ids({"OPTIONS": pg}) == []
 
 
+def test_permits_handed_over_on_postgresql_through_psycopg_3_2(monkeypatch):
+    # Whatever WAIT says: a release hands a permit to the first waiter in
+    # line only where that waiter can sleep on LISTEN with a timeout.
+    import psycopg
+
+    def hands_over(database: str) -> bool:
+        return DatabaseLockBackend("x", {"OPTIONS": {"DATABASE": database}}).hands_over
+
+    assert hands_over("postgres")
+    assert not hands_over("mysql")
+    if connections["default"].vendor == "sqlite":
+        assert not hands_over("default")
+    pg = connections["postgres"]
+    with mock.patch.dict(pg.settings_dict, {"DISABLE_SERVER_SIDE_CURSORS": True}):
+        assert not hands_over("postgres")  # LISTEN does not survive a pooler
+    monkeypatch.setattr(psycopg, "__version__", "3.1.19")
+    assert not hands_over("postgres")  # no timeout on notifies()
+
+
 def test_statements_prepared_unless_a_pooler_is_declared():
     from django_distlock.backends.database import _can_prepare
 

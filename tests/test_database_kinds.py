@@ -336,17 +336,20 @@ class TestPermits:
         assert backend.release(a) and backend.release(c)
 
 
-# -- permits handed over by the release (PostgreSQL, WAIT = "notify") --------
+# -- permits handed over by the release (PostgreSQL, whatever WAIT says) -----
 
 
-@pytest.fixture
+@pytest.fixture(params=["notify", "poll"])
 def handing(request) -> DatabaseLockBackend:
-    """The PostgreSQL backend with ``WAIT = "notify"``: releases hand permits over."""
+    """The PostgreSQL backend, with and without ``WAIT = "notify"``: either
+    way its releases hand permits over."""
     request.getfixturevalue("postgres_available")
-    options = {"DATABASE": "postgres", "WAIT": "notify"}
+    options = {"DATABASE": "postgres", "WAIT": request.param}
     setting = {"default": {"BACKEND": BACKEND, "TTL": 5, "OPTIONS": options}}
     with override_settings(LOCKS=setting):
-        yield locks["default"]
+        backend = locks["default"]
+        assert backend.hands_over
+        yield backend
     locks.reset()
 
 

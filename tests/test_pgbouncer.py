@@ -214,6 +214,7 @@ def test_notify_waiters_poll_behind_the_pooler(pgbouncer):
         try:
             backend = locks["default"]
             assert backend.wait_notify and not backend.listens
+            assert not backend.hands_over
             (message,) = check_locks_setting()
             assert message.id == "distlock.W005" and message.hint
             # Woken by polling, not after the notify wait's 1 s safety net.

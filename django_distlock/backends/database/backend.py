@@ -39,7 +39,8 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
     ``NOTIFY`` (or the holder's expiry) instead of polling; every process
     using the table should then set it. ``KEY_PREFIX`` separates the locks
     of aliases that share one table. Shared locks and semaphore permits are
-    rows of a second table (see :mod:`.shares`).
+    rows of a second table (see :mod:`.shares`); on PostgreSQL a permit's
+    release hands it to the first waiter in line (:attr:`hands_over`).
     """
 
     kinds = frozenset({"exclusive", "shared", "permit"})
@@ -85,6 +86,26 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         if self._dialect is None:
             self._setup()
         return self.wait_notify and not self._pooled
+
+    @property
+    def hands_over(self) -> bool:
+        """Whether a permit's release hands it to the first waiter in line.
+
+        On PostgreSQL reached directly through psycopg 3.2+, whatever
+        ``WAIT`` says: a permit waiter sleeps on LISTEN until a release
+        grants it its permit (migration 0006), so semaphores never poll.
+        Elsewhere (SQLite, MariaDB, psycopg2, a transaction pooler) permit
+        waiters poll like every other waiter.
+        """
+        if self._dialect is None:
+            self._setup()
+        return self._handover
+
+    def _waits_notified(self, kind: Kind | None) -> bool:
+        """Whether a wait for ``kind`` (None: exclusive) sleeps on LISTEN."""
+        if kind is not None and kind.mode == "permit" and self.hands_over:
+            return True
+        return self.listens
 
     @property
     def dialect(self) -> Dialect:
@@ -254,7 +275,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         kind: Kind,
     ) -> Lease | None:
         share = self._share_kind(kind)
-        if self.listens:
+        if self._waits_notified(share):
             return self._acquire_notified(name, ttl, timeout, identity, None, share)
         return self._run(self._acquire_steps(name, ttl, timeout, identity, share))
 
@@ -263,7 +284,8 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
     ) -> Lease | None:
         """Poll from the event loop; each attempt runs in a worker thread.
 
-        With ``WAIT = "notify"`` the whole wait runs in one worker thread,
+        With ``WAIT = "notify"``, and for a permit that is handed over
+        (:attr:`hands_over`), the whole wait runs in one worker thread,
         whose connection listens for the release. Cancelling the task does
         not stop a statement in flight: whatever it obtains afterwards is
         released as soon as the thread has it, and a notify wait ends at its
@@ -271,7 +293,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         """
         identity = self._identity()  # the task's identity, not the worker's
         share = None if kind is EXCLUSIVE or kind.exclusive else self._share_kind(kind)
-        if self.listens:
+        if self._waits_notified(share):
 
             def undo(lease: Lease | None) -> None:
                 if lease is not None:

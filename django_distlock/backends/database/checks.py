@@ -5,26 +5,13 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from .connections import transaction_pooled
+from .connections import driver_without_notifies, transaction_pooled
 from .dialects import DIALECTS
 
 __all__ = ["DEFAULT_MAX_BACKOFF", "check_database"]
 
 #: Longest sleep between two polls of a busy lock, seconds, by default.
 DEFAULT_MAX_BACKOFF = 0.05
-
-
-def _without_notifies(connection: Any) -> str | None:
-    """Return the driver of PostgreSQL ``connection`` if it cannot wait for a
-    notification with a timeout (psycopg2, psycopg before 3.2), else None."""
-    from django.utils.version import get_version_tuple
-
-    module = connection.Database
-    if module.__name__ != "psycopg":
-        return module.__name__
-    if get_version_tuple(module.__version__) < (3, 2):
-        return f"psycopg {module.__version__}"
-    return None
 
 
 def check_database(alias: str, params: dict[str, Any]) -> list:
@@ -55,7 +42,9 @@ def check_database(alias: str, params: dict[str, Any]) -> list:
                 id="distlock.E009",
             )
         )
-    elif wait == "notify" and (driver := _without_notifies(connections[database])):
+    elif wait == "notify" and (
+        driver := driver_without_notifies(connections[database])
+    ):
         errors.append(
             Error(
                 f"{where}['WAIT'] is 'notify' on {database!r}, which Django "

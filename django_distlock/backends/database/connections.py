@@ -19,7 +19,7 @@ from typing import Any
 from ...exceptions import LockBackendError
 from .dialects import DIALECTS, SHARES, TABLE, Dialect
 
-__all__ = ["ConnectionsMixin"]
+__all__ = ["ConnectionsMixin", "driver_without_notifies", "transaction_pooled"]
 
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
@@ -155,6 +155,19 @@ def _can_prepare(wrapper: Any) -> bool:
     return getattr(wrapper.Database, "__name__", "") == "psycopg"
 
 
+def driver_without_notifies(connection: Any) -> str | None:
+    """Return the driver of PostgreSQL ``connection`` if it cannot wait for a
+    notification with a timeout (psycopg2, psycopg before 3.2), else None."""
+    from django.utils.version import get_version_tuple
+
+    module = connection.Database
+    if module.__name__ != "psycopg":
+        return module.__name__
+    if get_version_tuple(module.__version__) < (3, 2):
+        return f"psycopg {module.__version__}"
+    return None
+
+
 def transaction_pooled(vendor: str, settings_dict: dict[str, Any]) -> bool:
     """Return True if the database is reached through a transaction pooler.
 
@@ -204,6 +217,7 @@ class ConnectionsMixin:
         self._in_memory = False
         self._prepared = False
         self._pooled = False
+        self._handover = False
         self._dialect: Dialect | None = None
         #: Driver errors after which an acquisition's outcome is unknown
         #: (the connection failed with the request out; see
@@ -239,6 +253,11 @@ class ConnectionsMixin:
             self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
             self._prepared = _can_prepare(wrapper)
             self._pooled = transaction_pooled(wrapper.vendor, wrapper.settings_dict)
+            self._handover = (
+                dialect.share_functions
+                and not self._pooled
+                and driver_without_notifies(wrapper) is None
+            )
             self._dialect = dialect
             self._sql = dialect.build(table, wrapper.ops.quote_name(SHARES))
 

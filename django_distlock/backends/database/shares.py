@@ -86,6 +86,7 @@ class SharesMixin:
     key_prefix: str
     max_backoff: float
     wait_notify: bool
+    _handover: bool
     _call: Any
     _statement: Any
     _transaction: Any
@@ -348,10 +349,14 @@ class SharesMixin:
         return True, bool(live)
 
     def _release_share_once(
-        self, cursor: Any, digest: str, token: str
+        self, cursor: Any, digest: str, token: str, permit: bool = True
     ) -> tuple[bool, bool]:
+        # ``permit``: it may be a permit or a permit waiter's place, which
+        # the release function hands on when permits are handed over; a
+        # shared lease wakes its waiters only when they listen (WAIT).
         if self._dialect.share_functions:
-            channel = _channel(digest) if self.wait_notify else None
+            wake = self.wait_notify or (permit and self._handover)
+            channel = _channel(digest) if wake else None
             self._statement(cursor, "share_release", (digest, token, channel))
             found, live = cursor.fetchall()[0]
             return bool(found), bool(live)
@@ -359,7 +364,11 @@ class SharesMixin:
 
     def _release_share(self, lease: Lease) -> bool:
         found, live = self._call(
-            "release", self._release_share_once, self._lease_digest(lease), lease.token
+            "release",
+            self._release_share_once,
+            self._lease_digest(lease),
+            lease.token,
+            lease.kind.mode == "permit",
         )
         return found and live
 

@@ -59,6 +59,7 @@ class WaitingMixin:
     alias: str
     max_backoff: float
     wait_notify: bool
+    _handover: bool
     _local: Any
     _call: Callable[..., Any]
     _attempt: Callable[..., tuple[int | None, float]]
@@ -91,7 +92,7 @@ class WaitingMixin:
         None unless the connection listens to it: a release would otherwise
         grant a permit that nobody hears of until the waiter's next attempt.
         """
-        if not self.wait_notify:
+        if not self._handover:
             return None
         _raw, listening, own = self._listen_state(cursor)
         return own if own in listening else None
