@@ -73,9 +73,11 @@ class LockShare(models.Model):
     PostgreSQL keeps for the name's next holder or waiter (no token).
     ``permits`` is the semaphore's limit. Every row expires at
     ``expires_at`` (the database's clock, UTC) unless renewed. A permit
-    waiter that listens for a handover (PostgreSQL, ``WAIT = "notify"``)
-    also stores the ``ttl`` of the permit it asks for and the ``channel``
-    its connection listens on: a release grants it the permit there. The
+    waiter that listens for a handover (PostgreSQL) also stores the
+    ``ttl`` of the permit it asks for and the ``channel`` its connection
+    listens on (its connection holds an advisory lock on the channel's
+    name while it lives): a release grants it the permit there, unless
+    that connection has gone. The
     backend reads and writes this table with raw SQL; treat it as read-only.
     """
 

@@ -70,6 +70,16 @@ def hold_permit_forever(name: str, limit: int, ttl: float, ready_path: str) -> N
         time.sleep(1)
 
 
+def wait_permit(name: str, limit: int, ttl: float) -> None:
+    """Wait for a permit of ``name`` (a semaphore of ``limit``) until killed."""
+    from django_distlock import locks
+    from django_distlock.backends.base import permit
+
+    locks["default"].acquire(name, ttl, 600.0, permit(limit))
+    while True:
+        time.sleep(1)
+
+
 def wait_exclusive(name: str, ready_path: str) -> None:
     """Say so in ``ready_path``, then wait for ``name`` exclusively (behind
     its shared holders) until killed."""

@@ -79,6 +79,17 @@ def _rows(backend, **filters):
     return LockShare.objects.using(backend.database).filter(**filters)
 
 
+def _connection_gone(backend, channel: str) -> bool:
+    """Whether the waiter's connection that listened on ``channel`` has gone
+    (what the release function asks: see migration 0008)."""
+    with connections[backend.database].cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock_shared(hashtextextended(%s, 0))",
+            [channel],
+        )
+        return cursor.fetchall()[0][0]
+
+
 def _wait_for(predicate, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -373,7 +384,7 @@ class TestHandover:
         assert _queue(handing, name, token)[0] is None
         place = _rows(handing, token=token).get()
         assert place.kind == "queued" and place.ttl == 10
-        assert place.channel.startswith("distlock_conn_")
+        assert place.channel.startswith("distlock_wait_")
         assert handing.release(first)
         granted = _rows(handing, token=token).get()
         assert granted.kind == "permit"
@@ -694,6 +705,32 @@ class TestProcesses:
         finally:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGKILL)
+
+    def test_killed_permit_waiter_is_passed_over(self, backend, name):
+        # A waiter killed while it waits is not handed the permit a release
+        # frees (it would be lost for the waiter's TTL, 60 s): the next in
+        # line gets it. Where permits are not handed over, the dead
+        # waiter's place expires within seconds.
+        held = backend.acquire(name, 60, 0, permit(1))
+        digest = backend._kind_digest(name, permit(1))
+        proc = start_process(kinds_workers.wait_permit, name, 1, 60.0)
+        try:
+            _wait_for(lambda: _rows(backend, digest=digest, kind="queued").exists())
+            (place,) = _rows(backend, digest=digest, kind="queued")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+        finally:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+        if backend.hands_over:
+            # Its server process exits, and drops the advisory lock its
+            # connection held, once it sees the connection closed.
+            _wait_for(lambda: _connection_gone(backend, place.channel))
+        assert backend.release(held)
+        lease = backend.acquire(name, 10, 10, permit(1))
+        assert lease is not None
+        assert not _rows(backend, token=place.token, kind="permit").exists()
+        assert backend.release(lease)
 
     def test_killed_writer_waiter_does_not_block_readers(self, backend, name, tmp_path):
         reader = backend.acquire(name, 60, 0, SHARED)

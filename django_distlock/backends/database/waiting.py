@@ -79,7 +79,7 @@ class WaitingMixin:
         raw = cursor.connection
         state = getattr(self._local, "listen", None)
         if state is None or state[0] is not raw:
-            own = "distlock_conn_" + secrets.token_hex(8)
+            own = "distlock_wait_" + secrets.token_hex(8)
             state = self._local.listen = (raw, set(), own)
         return state
 
@@ -101,8 +101,14 @@ class WaitingMixin:
         _raw, listening, own = self._listen_state(cursor)
         if own not in listening:
             # Once per connection, and never unlistened: the channel is the
-            # connection's, not one acquisition's.
+            # connection's, not one acquisition's. The advisory lock on its
+            # name lives as long as the connection: a release that finds it
+            # free passes this connection's waiters over (migration 0008).
             cursor.execute(f"LISTEN {own}")
+            cursor.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [own]
+            )
+            cursor.fetchall()
             listening.add(own)
         return self._attempt(cursor, *args)
 
