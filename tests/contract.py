@@ -599,3 +599,14 @@ class LockBackendContract:
         assert token is not None and token > old.fencing_token
         with pytest.raises(LockLost):
             old.release()
+
+
+class DatabaseContract(LockBackendContract):
+    """The contract, with renewal given the slack a commit needs.
+
+    A renewal is a durable commit, and the matrix runs three cells at once on
+    two cores, each committing to the same disk: a renewal every third of a
+    1 s lease (the default ``renew_ttl``) was once late by two thirds of it.
+    """
+
+    renew_ttl = 2.0

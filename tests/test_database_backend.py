@@ -32,7 +32,7 @@ from django_distlock.models import LockRecord
 from tests.testapp.models import Product
 
 from . import workers
-from .contract import LockBackendContract
+from .contract import DatabaseContract
 from .procs import run_in_processes
 
 BACKEND = "django_distlock.backends.database.DatabaseLockBackend"
@@ -52,7 +52,7 @@ def _sqlite_default():
 
 
 @pytest.mark.django_db(transaction=True)
-class TestSQLiteContract(LockBackendContract):
+class TestSQLiteContract(DatabaseContract):
     """The contract on SQLite: several processes share one database file."""
 
     @pytest.fixture
@@ -63,7 +63,7 @@ class TestSQLiteContract(LockBackendContract):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
-class TestPostgresContract(LockBackendContract):
+class TestPostgresContract(DatabaseContract):
     """The contract on PostgreSQL."""
 
     @pytest.fixture
@@ -73,7 +73,7 @@ class TestPostgresContract(LockBackendContract):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
-class TestPostgresNotifyContract(LockBackendContract):
+class TestPostgresNotifyContract(DatabaseContract):
     """The contract on PostgreSQL with waiters woken by LISTEN/NOTIFY."""
 
     @pytest.fixture
@@ -85,7 +85,7 @@ class TestPostgresNotifyContract(LockBackendContract):
 
 @pytest.mark.mysql
 @pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
-class TestMySQLContract(LockBackendContract):
+class TestMySQLContract(DatabaseContract):
     """The contract on MariaDB/MySQL."""
 
     @pytest.fixture

@@ -22,7 +22,7 @@ from django.test import override_settings
 
 from django_distlock import lock, locks
 
-from .contract import LockBackendContract
+from .contract import DatabaseContract
 from .servers import free_port, unavailable, wait_listening
 from .test_database_backend import db_locks
 
@@ -121,7 +121,7 @@ def pgbouncer(postgres_available):
     server.stop()
 
 
-class TestPgBouncerContract(LockBackendContract):
+class TestPgBouncerContract(DatabaseContract):
     """The whole contract, every statement through the pooler."""
 
     @pytest.fixture
@@ -133,7 +133,7 @@ class TestPgBouncerContract(LockBackendContract):
         return db_locks("pgbouncer")
 
 
-class TestPgBouncerNotifyContract(LockBackendContract):
+class TestPgBouncerNotifyContract(DatabaseContract):
     """The contract with ``WAIT = "notify"`` through the pooler: LISTEN needs
     a session of its own, so waiters poll instead (and say so)."""
 
