@@ -144,8 +144,8 @@ def _can_prepare(wrapper: Any) -> bool:
     transaction pooler (PgBouncer) sits in between: prepared statements do
     not survive it.
     """
-    if wrapper.vendor != "postgresql" or wrapper.settings_dict.get(
-        "DISABLE_SERVER_SIDE_CURSORS"
+    if wrapper.vendor != "postgresql" or transaction_pooled(
+        wrapper.vendor, wrapper.settings_dict
     ):
         return False
     try:
