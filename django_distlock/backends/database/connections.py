@@ -148,10 +148,6 @@ def _can_prepare(wrapper: Any) -> bool:
         wrapper.vendor, wrapper.settings_dict
     ):
         return False
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        return False
     return getattr(wrapper.Database, "__name__", "") == "psycopg"
 
 
