@@ -80,6 +80,21 @@ def wait_permit(name: str, limit: int, ttl: float) -> None:
         time.sleep(1)
 
 
+def take_woken_permit(name: str, limit: int, done_path: str) -> None:
+    """Wait for a permit of ``name`` and write ``done_path`` once it has one.
+
+    The waits between two attempts last a minute here, so a waiter that has
+    its permit within seconds of the release was woken by it.
+    """
+    from django_distlock import locks
+    from django_distlock.backends.base import permit
+    from django_distlock.backends.database import waiting
+
+    waiting.NOTIFY_SAFETY_WAIT = 60.0
+    lease = locks["default"].acquire(name, 60.0, 120.0, permit(limit))
+    Path(done_path).write_text("held" if lease else "timed out")
+
+
 def wait_exclusive(name: str, ready_path: str) -> None:
     """Say so in ``ready_path``, then wait for ``name`` exclusively (behind
     its shared holders) until killed."""

@@ -515,10 +515,14 @@ def test_permits_handed_over_on_postgresql_through_psycopg_3_2(monkeypatch):
     def hands_over(database: str) -> bool:
         return DatabaseLockBackend("x", {"OPTIONS": {"DATABASE": database}}).hands_over
 
-    assert hands_over("postgres")
-    assert not hands_over("mysql")
+    def wakes(database: str) -> bool:
+        backend = DatabaseLockBackend("x", {"OPTIONS": {"DATABASE": database}})
+        return backend.wakes_permit_waiters
+
+    assert hands_over("postgres") and wakes("postgres")
+    assert not hands_over("mysql")  # woken instead: see TestWakes
     if connections["default"].vendor == "sqlite":
-        assert not hands_over("default")
+        assert not hands_over("default") and not wakes("default")
     pg = connections["postgres"]
     with mock.patch.dict(pg.settings_dict, {"DISABLE_SERVER_SIDE_CURSORS": True}):
         assert not hands_over("postgres")  # LISTEN does not survive a pooler

@@ -21,7 +21,7 @@ from django.db import connections
 from django.test import override_settings
 
 from django_distlock import locks
-from django_distlock.backends.database import DatabaseLockBackend
+from django_distlock.backends.database import DatabaseLockBackend, waiting
 from django_distlock.backends.kinds import EXCLUSIVE, SHARED, permit
 from django_distlock.exceptions import LockBackendError
 from django_distlock.models import LockShare
@@ -431,6 +431,144 @@ class TestHandover:
         assert fence == first.fencing_token + 1
         assert handing.force_release_many([(name, older, permit(1))]) == [True]
         assert _rows(handing, token=newer).get().kind == "permit"
+
+
+# -- permit waiters woken by the release (MariaDB) ---------------------------
+
+
+@pytest.fixture
+def waking(mysql_available, monkeypatch) -> DatabaseLockBackend:
+    """The MariaDB backend, whose waiters sleep 60 s unless a release wakes
+    them: a test that needs a wake-up to finish would time out without one."""
+    monkeypatch.setattr(waiting, "NOTIFY_SAFETY_WAIT", 60.0)
+    options = {"DATABASE": "mysql"}
+    setting = {"default": {"BACKEND": BACKEND, "TTL": 60, "OPTIONS": options}}
+    with override_settings(LOCKS=setting):
+        backend = locks["default"]
+        assert backend.wakes_permit_waiters and not backend.hands_over
+        yield backend
+    locks.reset()
+
+
+def _dozing(backend, count: int):
+    """A predicate: ``count`` waiters sleep in the database (MariaDB)."""
+
+    def dozing() -> bool:
+        with connections[backend.database].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.PROCESSLIST "
+                "WHERE INFO LIKE 'SELECT ''distlock_doze''%%'"
+            )
+            return cursor.fetchall()[0][0] == count
+
+    return dozing
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
+class TestWakes:
+    def test_a_release_wakes_the_first_waiter(self, waking, name):
+        one = permit(1)
+        first = waking.acquire(name, 60, 0, one)
+        got = []
+        waiter = threading.Thread(
+            target=lambda: got.append(waking.acquire(name, 60, 50, one))
+        )
+        waiter.start()
+        try:
+            _wait_for(_dozing(waking, 1))
+            place = _rows(waking, kind="queued").get()
+            assert place.channel.startswith("distlock_wait_")
+            assert waking.release(first)
+        finally:
+            waiter.join(30)
+        assert got and got[0] is not None, "the waiter was not woken"
+        assert waking.release(got[0])
+
+    def test_a_release_wakes_a_waiter_in_another_process(self, waking, name, tmp_path):
+        first = waking.acquire(name, 60, 0, permit(1))
+        done = tmp_path / "done"
+        proc = start_process(kinds_workers.take_woken_permit, name, 1, str(done))
+        try:
+            _wait_for(_dozing(waking, 1))
+            assert waking.release(first)
+            _wait_for(done.exists)
+        finally:
+            proc.join(10)
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+        assert done.read_text() == "held"
+
+    def test_each_release_wakes_as_many_waiters_as_it_frees(self, waking, name):
+        # Two permits freed before either woken waiter has taken one: both
+        # waiters are woken, not the first twice.
+        two = permit(2)
+        holders = [waking.acquire(name, 60, 0, two) for _ in range(2)]
+        got = []
+
+        def wait() -> None:
+            got.append(waking.acquire(name, 60, 50, two))
+
+        waiters = [threading.Thread(target=wait) for _ in range(2)]
+        for thread in waiters:
+            thread.start()
+            _wait_for(lambda: len(_rows(waking, kind="queued")) == len(got) + 1)
+        try:
+            _wait_for(_dozing(waking, 2))
+            assert [waking.release(lease) for lease in holders] == [True, True]
+        finally:
+            for thread in waiters:
+                thread.join(30)
+        assert len(got) == 2 and all(got), "a waiter was not woken"
+        assert [waking.release(lease) for lease in got] == [True, True]
+
+    def test_a_release_before_the_sleep_is_not_slept_through(self, waking, name):
+        # The release comes between the waiter's attempt and its sleep, so
+        # it finds nobody to wake: the sleep must see the free permit.
+        one = permit(1)
+        first = waking.acquire(name, 60, 0, one)
+        digest, token = waking._kind_digest(name, one), "a" * 32
+        args = (name, digest, token, 60, ("h", 1, "t"), one)
+        assert waking._call("acquire", waking._attempt, *args)[0] is None
+        assert waking.release(first)
+        doze = threading.Thread(
+            target=waking._call, args=("wait", waking._doze, digest, token, 1, 50)
+        )
+        doze.start()
+        doze.join(30)
+        assert not doze.is_alive(), "the waiter slept through the release"
+        assert waking._call("acquire", waking._attempt, *args)[0] is not None
+
+    def test_no_wake_up_is_lost(self, waking, name):
+        # Six threads take turns at two permits: a release that came while
+        # a waiter was between its attempt and its sleep would leave it
+        # asleep for a minute.
+        two, done = permit(2), []
+
+        def work() -> None:
+            for _ in range(15):
+                lease = waking.acquire(name, 60, 30, two)
+                assert lease is not None
+                assert waking.release(lease)
+            done.append(1)
+
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(done) == 6
+
+    def test_a_waiter_whose_connection_closed_holds_nobody_up(self, waking, name):
+        one = permit(1)
+        first = waking.acquire(name, 60, 0, one)
+        token = "f" * 32
+        args = (name, waking._kind_digest(name, one), token, 60, ("h", 1, "t"), one)
+        assert waking._call("acquire", waking._attempt, *args)[0] is None
+        assert _rows(waking, token=token, kind="queued").exists()
+        waking.close()  # its bell (GET_LOCK) goes with its connection
+        assert waking.release(first)
+        assert waking.acquire(name, 60, 0, one) is not None
 
 
 @pytest.mark.postgres

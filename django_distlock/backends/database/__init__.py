@@ -29,7 +29,9 @@ skew between app servers does not matter. Waiting is polling with jittered
 exponential backoff (capped by ``OPTIONS["MAX_BACKOFF"]``, 50 ms) that also
 wakes up when the holder's lease runs out; on PostgreSQL,
 ``OPTIONS["WAIT"] = "notify"`` makes waiters sleep on LISTEN until a
-release's NOTIFY instead. The polling loop is written once, as a generator of
+release's NOTIFY instead. Semaphore waiters never poll on PostgreSQL (a
+release hands them their permits) nor on MariaDB (a release interrupts
+their wait in the database). The polling loop is written once, as a generator of
 steps (an attempt, a sleep) that a synchronous and an asyncio executor drive,
 as in :mod:`..steps`, so ``acquire`` and ``aacquire`` cannot drift apart.
 

@@ -94,17 +94,38 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         On PostgreSQL reached directly through psycopg 3.2+, whatever
         ``WAIT`` says: a permit waiter sleeps on LISTEN until a release
         grants it its permit (migration 0006), so semaphores never poll.
-        Elsewhere (SQLite, MariaDB, psycopg2, a transaction pooler) permit
-        waiters poll like every other waiter.
+        On MariaDB a release wakes the waiters it frees a permit for
+        (:attr:`wakes_permit_waiters`). Elsewhere (SQLite, MySQL, psycopg2,
+        a transaction pooler) permit waiters poll like every other waiter.
         """
         if self._dialect is None:
             self._setup()
         return self._handover
 
-    def _waits_notified(self, kind: Kind | None) -> bool:
-        """Whether a wait for ``kind`` (None: exclusive) sleeps on LISTEN."""
-        if kind is not None and kind.mode == "permit" and self.hands_over:
+    @property
+    def wakes_permit_waiters(self) -> bool:
+        """Whether a semaphore's waiters sleep until a release wakes them.
+
+        True where permits are handed over (:attr:`hands_over`), and on
+        MariaDB, where a waiter waits in the database (``GET_LOCK`` with a
+        timeout, on a lock its process holds) and the release that frees a
+        permit for it cuts the wait short (``KILL QUERY ID``). Asks the
+        server which it is, once.
+        """
+        if self._dialect is None:
+            self._setup()
+        if self._handover:
             return True
+        return bool(self._rings) or (
+            self._rings is None and self._call("check the server", self._wakes)
+        )
+
+    def _waits_notified(self, kind: Kind | None) -> bool:
+        """Whether a wait for ``kind`` (None: exclusive) sleeps on LISTEN,
+        or (a permit on MariaDB) in a statement that a release interrupts."""
+        if kind is not None and kind.mode == "permit":
+            if self.hands_over or self._rings is not False:
+                return True
         return self.listens
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import weakref
 from collections.abc import Callable
@@ -214,6 +215,11 @@ class ConnectionsMixin:
         self._prepared = False
         self._pooled = False
         self._handover = False
+        #: Whether permit releases wake waiters (MariaDB); None: not asked yet.
+        self._rings: bool | None = False
+        #: The connection holding this process's gate (MariaDB; see _gate).
+        self._gatekeeper: _Connection | None = None
+        self._gate_name = ""
         self._dialect: Dialect | None = None
         #: Driver errors after which an acquisition's outcome is unknown
         #: (the connection failed with the request out; see
@@ -254,6 +260,8 @@ class ConnectionsMixin:
                 and not self._pooled
                 and driver_without_notifies(wrapper) is None
             )
+            # MariaDB wakes permit waiters (_wakes() asks the server once).
+            self._rings = None if dialect.vendor == "mysql" else False
             self._dialect = dialect
             self._sql = dialect.build(table, wrapper.ops.quote_name(SHARES))
 
@@ -297,6 +305,33 @@ class ConnectionsMixin:
         # In a forked child: the parent's sockets are not ours to use or close.
         self._local = threading.local()
         self._connections = weakref.WeakSet()
+        self._gatekeeper = None
+
+    def _gate(self) -> str:
+        """Return the name of this process's gate, a user lock (MariaDB).
+
+        A connection of its own holds it (``GET_LOCK``) and does nothing
+        else; a permit waiter blocks on it with a timeout until a release
+        interrupts the wait (``KILL QUERY ID``). A lock wait, unlike
+        ``SLEEP()``, is interrupted without holding up other KILLs.
+        """
+        with self._setup_lock:
+            if self._gatekeeper is None:
+                keeper = _Connection(self._new_wrapper())
+                name = "distlock_gate_" + secrets.token_hex(8)
+                cursor = keeper.cursor()
+                cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+                cursor.fetchall()
+                self._connections.add(keeper)
+                self._gatekeeper, self._gate_name = keeper, name
+            return self._gate_name
+
+    def _gate_lost(self) -> None:
+        """Forget the gate: a waiter obtained it, so its keeper has gone."""
+        with self._setup_lock:
+            keeper, self._gatekeeper = self._gatekeeper, None
+        if keeper is not None:
+            keeper.close()
 
     def _call(self, what: str, func: Callable[..., Any], *args: Any) -> Any:
         """Run ``func(cursor, *args)``; map driver errors to LockBackendError.

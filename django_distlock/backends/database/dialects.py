@@ -32,6 +32,9 @@ FLOOR = ""
 #: ``expires_at``, the latest expiry among those holders.
 SHARED_MARK = "(shared)"
 PERMITS_MARK = "(permits)"
+#: The first column of a permit waiter's waiting statement on MariaDB,
+#: by which a release finds it in the process list.
+DOZE = "distlock_doze"
 #: A number larger than any row id.
 _NO_ID = 2**63 - 1
 
@@ -183,10 +186,11 @@ class Dialect:
                 f"SELECT {remaining} FROM {shares} WHERE digest = %s "
                 f"AND kind = 'writer' AND {live}"
             ),
+            # ``channel``: where a queued permit waiter is woken (MariaDB).
             "share_insert": (
                 f"INSERT INTO {shares} (digest, kind, permits, token, fence, host, "
-                "pid, thread, acquired_at, expires_at) VALUES "
-                f"(%s, %s, %s, %s, %s, %s, %s, %s, {now}, {later})"
+                "pid, thread, channel, acquired_at, expires_at) VALUES "
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, {now}, {later})"
             ),
             # expires_at first: MySQL's SET sees the values set before it.
             "mark": (
@@ -208,8 +212,8 @@ class Dialect:
             ),
             "share_delete": f"{delete} WHERE digest = %s AND token = %s",
             "share_refresh": (
-                f"UPDATE {locking} SET expires_at = {later} "
-                "WHERE digest = %s AND token = %s"
+                f"UPDATE {locking} SET expires_at = {later}, "
+                "channel = COALESCE(%s, channel) WHERE digest = %s AND token = %s"
             ),
             # The row stays marked while a holder of ``kind`` lives, until
             # the latest expiry among them; else it is free.
@@ -326,6 +330,50 @@ class MySQLDialect(Dialect):
     def epoch(self, column: str) -> str:
         # Not UNIX_TIMESTAMP(): it reads the value in the session's time zone.
         return f"TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {column}) / 1e6"
+
+    def extend_sql(self, sql: dict[str, str]) -> None:
+        # Permit waiters on MariaDB wait in a statement that a release cuts
+        # short (KILL QUERY ID): GET_LOCK, with a timeout, on their
+        # process's gate, which another connection holds. A waiter's place
+        # names its connection's bell, a user lock the connection holds:
+        # IS_USED_LOCK gives the waiter's session, or NULL once it has gone,
+        # and a place whose bell is free holds nobody up.
+        shares, live = SHARES, f"expires_at > {self.now}"
+        alive = "(channel IS NULL OR IS_USED_LOCK(channel) IS NOT NULL)"
+        ahead = (
+            f"SELECT count(*) FROM {shares} WHERE digest = %s AND "
+            f"kind = 'queued' AND {live} AND {alive} AND id < COALESCE((SELECT id "
+            f"FROM {shares} WHERE digest = %s AND token = %s AND kind = 'queued'), "
+            f"{_NO_ID})"
+        )
+        held = (
+            f"SELECT count(*) FROM {shares} WHERE digest = %s "
+            f"AND kind = 'permit' AND {live}"
+        )
+        sql["queue_ahead"] = ahead
+        # A permit's release locks the name's row and learns whether anyone
+        # waits: only then does it look for waiters to wake.
+        sql["row_locked_waiting"] = (
+            f"SELECT (SELECT count(*) FROM {shares} WHERE digest = %s AND "
+            f"kind = 'queued' AND {live}) FROM {TABLE} WHERE digest = %s FOR UPDATE"
+        )
+        # Wait unless a permit is free for the waiter: a release committed
+        # before this statement began is seen here, and one committed after
+        # finds the statement running, so no wake-up is lost.
+        sql["permit_doze"] = (
+            f"SELECT '{DOZE}', IF(({held}) + ({ahead}) < %s, 0, GET_LOCK(%s, %s))"
+        )
+        # The waiting statements of the first waiters in line, as many as
+        # there are free permits.
+        sql["permit_wake"] = (
+            "SELECT p.QUERY_ID FROM information_schema.PROCESSLIST p JOIN ("
+            "SELECT IS_USED_LOCK(channel) AS conn, ROW_NUMBER() OVER "
+            f"(ORDER BY id) AS n FROM {shares} WHERE digest = %s AND "
+            f"kind = 'queued' AND {live} AND IS_USED_LOCK(channel) IS NOT NULL"
+            ") w ON p.ID = w.conn WHERE p.INFO LIKE 'SELECT ''"
+            f"{DOZE}''%%' AND w.n <= (SELECT COALESCE(max(permits), 0) FROM "
+            f"{shares} WHERE digest = %s AND kind = 'queued') - ({held})"
+        )
 
 
 class SQLiteDialect(Dialect):

@@ -87,6 +87,9 @@ class SharesMixin:
     max_backoff: float
     wait_notify: bool
     _handover: bool
+    _wakes: Any
+    _bell: Any
+    _ring: Any
     _call: Any
     _statement: Any
     _transaction: Any
@@ -206,7 +209,8 @@ class SharesMixin:
             run(
                 cur,
                 "share_insert",
-                (digest, kind.mode, kind.limit, token, fence, host, pid, thread, ttl_p),
+                (digest, kind.mode, kind.limit, token, fence, host, pid, thread)
+                + (None, ttl_p),
             )
             mark = self._mark(kind.mode)
             run(cur, "mark", (mark, ttl_p, ttl_p, mark, fence, digest))
@@ -280,8 +284,10 @@ class SharesMixin:
     ) -> None:
         """Keep ``token``'s place in the queue of ``digest`` for a while."""
         ttl_p = self._dialect.ttl_param(self._waiter_ttl())
+        wakes = mode == "queued" and self._wakes(cursor)
+        bell = self._bell(cursor) if wakes else None
         if token in self._queued:
-            self._statement(cursor, "share_refresh", (ttl_p, digest, token))
+            self._statement(cursor, "share_refresh", (ttl_p, bell, digest, token))
             if cursor.rowcount == 1:
                 return
             # Purged after it expired: queue again, at the back.
@@ -290,7 +296,7 @@ class SharesMixin:
         self._statement(
             cursor,
             "share_insert",
-            (digest, mode, limit, token, 0, host, pid, thread, ttl_p),
+            (digest, mode, limit, token, 0, host, pid, thread, bell, ttl_p),
         )
         self._queued.add(token)
 
@@ -320,33 +326,43 @@ class SharesMixin:
             self._release_share_once(cursor, digest, token)
             return
         self._statement(cursor, "share_delete", (digest, token))
-        if wake and self.wait_notify and cursor.rowcount == 1:
+        if wake and cursor.rowcount == 1 and self._wakes(cursor):
+            # Permit waiters queued behind this one may have room now.
+            self._ring(cursor, digest)
+        elif wake and self.wait_notify and cursor.rowcount == 1:
             # Readers queued behind a writer that gave up may go now.
             self._statement(cursor, "notify", (_channel(digest),))
             cursor.fetchall()
 
     # -- releasing, extending, checking -----------------------------------
 
-    def _unshare(self, cur: Any, digest: str, token: str) -> tuple[bool, bool]:
-        """Remove the holder or waiter ``token``; return ``(found, was live)``.
+    def _unshare(
+        self, cur: Any, digest: str, token: str, wakes: bool = False
+    ) -> tuple[bool, bool, bool]:
+        """Remove the holder or waiter ``token``.
 
-        Inside a transaction: the name's row is locked first. SQLite and
-        MariaDB only, whose waiters poll: PostgreSQL, the one database with
-        ``WAIT = "notify"``, releases through ``distlock_share_release``.
+        Return ``(found, was live, waiters queued)``; the last is asked
+        only if ``wakes``. Inside a transaction: the name's row is locked
+        first. SQLite and MariaDB only: PostgreSQL releases through
+        ``distlock_share_release``.
         """
         run = self._statement
-        run(cur, "row_locked", (digest,))
-        cur.fetchall()
+        if wakes:
+            run(cur, "row_locked_waiting", (digest, digest))
+        else:
+            run(cur, "row_locked", (digest,))
+        locked = cur.fetchall()
+        waiting = wakes and bool(locked) and bool(locked[0][0])
         run(cur, "share_live", (token, digest))
         rows = cur.fetchall()
         if not rows:
-            return False, False
+            return False, False, waiting
         live, mode = rows[0]
         run(cur, "share_delete", (digest, token))
         if mode in ("shared", "permit"):
             mark = self._mark(mode)
             run(cur, "unmark", (digest, mode, digest, mode, digest, mark))
-        return True, bool(live)
+        return True, bool(live), waiting
 
     def _release_share_once(
         self, cursor: Any, digest: str, token: str, permit: bool = True
@@ -360,7 +376,13 @@ class SharesMixin:
             self._statement(cursor, "share_release", (digest, token, channel))
             found, live = cursor.fetchall()[0]
             return bool(found), bool(live)
-        return self._transaction(cursor, lambda cur: self._unshare(cur, digest, token))
+        wakes = permit and self._wakes(cursor)
+        found, live, waiting = self._transaction(
+            cursor, lambda cur: self._unshare(cur, digest, token, wakes)
+        )
+        if waiting:
+            self._ring(cursor, digest)  # once the release has committed
+        return found, live
 
     def _release_share(self, lease: Lease) -> bool:
         found, live = self._call(

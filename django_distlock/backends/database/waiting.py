@@ -34,6 +34,8 @@ MIN_BACKOFF = 0.001
 #: Longest wait for a notification before trying again anyway, seconds: it
 #: bounds the delay after a release by a process that does not notify.
 NOTIFY_SAFETY_WAIT = 1.0
+#: MariaDB's error of a statement cut short by KILL QUERY.
+ER_QUERY_INTERRUPTED = 1317
 #: The polling loop as a generator of ``(kind, argument)`` steps, carried out
 #: by :meth:`WaitingMixin._execute` or :meth:`WaitingMixin._aexecute`.
 Steps = Generator[tuple[str, Any], Any, Any]
@@ -60,8 +62,12 @@ class WaitingMixin:
     max_backoff: float
     wait_notify: bool
     _handover: bool
+    _rings: bool | None
     _local: Any
     _call: Callable[..., Any]
+    _run: Callable[..., Any]
+    _gate: Callable[[], str]
+    _gate_lost: Callable[[], None]
     _attempt: Callable[..., tuple[int | None, float]]
     _digest: Callable[[str], str]
     _drop_any_once: Callable[..., bool]
@@ -70,12 +76,80 @@ class WaitingMixin:
     _queued: set[str]
     _in_doubt_errors: tuple[type[Exception], ...]
 
+    # -- permit waiters woken by the release (MariaDB) ---------------------
+
+    def _wakes(self, cursor: Any) -> bool:
+        """Whether a permit's release wakes the waiters it frees room for.
+
+        On MariaDB: a waiter waits in one statement (:meth:`_doze`), which
+        the release cuts short (:meth:`_ring`).
+        """
+        if self._rings is None:
+            cursor.execute("SELECT VERSION()")
+            self._rings = "mariadb" in str(cursor.fetchall()[0][0]).lower()
+        return self._rings
+
+    def _bell(self, cursor: Any) -> str:
+        """Return the name of this connection's bell, which it holds.
+
+        A user lock (``GET_LOCK``), held as long as the connection lives: a
+        waiter's place names it, and a release finds the waiter's session by
+        it (``IS_USED_LOCK``), or learns that the waiter has gone.
+        """
+        _raw, held, own = self._listen_state(cursor)
+        if own not in held:
+            cursor.execute("SELECT GET_LOCK(%s, 0)", [own])
+            cursor.fetchall()
+            held.add(own)
+        return own
+
+    def _doze(
+        self, cursor: Any, digest: str, token: str, limit: int, wait: float
+    ) -> None:
+        """Wait up to ``wait`` seconds, unless a permit is free for ``token``.
+
+        The wait is on this process's gate, which a release that frees a
+        permit for this waiter interrupts.
+        """
+        if not self._listen_state(cursor)[1]:
+            return  # reconnected since the attempt: its place names no bell
+        gate = self._gate()
+        params = (digest, digest, digest, token, limit, gate, round(wait, 3))
+        try:
+            self._statement(cursor, "permit_doze", params)
+            got = cursor.fetchall()[0][1]
+        except Exception as e:
+            if not (e.args and e.args[0] == ER_QUERY_INTERRUPTED):
+                raise
+            return
+        if got == 1:  # the gate was free: its connection has gone
+            cursor.execute("SELECT RELEASE_LOCK(%s)", [gate])
+            cursor.fetchall()
+            self._gate_lost()
+
+    def _ring(self, cursor: Any, digest: str) -> None:
+        """Wake the permit waiters of ``digest`` that have room now.
+
+        Best effort, after the release committed: a waiter not woken wakes
+        at the end of its sleep, when its permit's holders could expire.
+        """
+        try:
+            self._statement(cursor, "permit_wake", (digest, digest, digest))
+            for (query,) in cursor.fetchall():
+                try:
+                    cursor.execute("KILL QUERY ID %s", [int(query)])
+                except Exception:  # noqa: BLE001 - it has just ended
+                    pass
+        except Exception:  # noqa: BLE001 - the release stands either way
+            release_log.debug("Could not wake the permit's waiters", exc_info=True)
+
     # -- waiting for a notification (PostgreSQL, WAIT = "notify") ---------
 
     def _listen_state(self, cursor: Any) -> tuple[Any, set[str], str]:
         # This thread's *current* connection, the channels it listens to and
         # its own channel, where releases hand its permit waiters their
-        # permits; a reconnection starts again from nothing.
+        # permits (on MariaDB: its bell, held once it is in the set); a
+        # reconnection starts again from nothing.
         raw = cursor.connection
         state = getattr(self._local, "listen", None)
         if state is None or state[0] is not raw:
@@ -166,7 +240,9 @@ class WaitingMixin:
         kind: Kind | None = None,
     ) -> Lease | None:
         if kind is not None and kind.mode == "permit":
-            return self._acquire_handed(name, ttl, timeout, identity, handoff, kind)
+            if self._handover or self._call("check the server", self._wakes):
+                return self._acquire_permit(name, ttl, timeout, identity, handoff, kind)
+            return self._run(self._acquire_steps(name, ttl, timeout, identity, kind))
         digest = self._digest(name) if kind is None else self._kind_digest(name, kind)
         token = secrets.token_hex(16)
         channels = (_channel(digest),)
@@ -196,7 +272,7 @@ class WaitingMixin:
                     pass
         return self._outcome(name, digest, token, fence, ttl, sent, kind)
 
-    def _acquire_handed(
+    def _acquire_permit(
         self,
         name: str,
         ttl: float,
@@ -205,20 +281,26 @@ class WaitingMixin:
         handoff: Handoff | None,
         kind: Kind,
     ) -> Lease | None:
-        """Wait for a permit, which a release hands over (migration 0006).
+        """Wait for a permit, which a release hands over or wakes us for.
 
-        The waiter's place in the queue names its connection's channel; a
-        release that frees a permit grants it to the first waiter in line
-        and sends it the fencing token there, so the waiter has it without
-        another attempt. An attempt after each wait that ends without one
-        (a holder's lease ran out, a notification was lost) finds a permit
-        handed over meanwhile, or takes a free one.
+        PostgreSQL (:attr:`_handover`, migration 0006): the waiter's place
+        in the queue names its connection's channel; a release that frees a
+        permit grants it to the first waiter in line and sends it the
+        fencing token there, so the waiter has it without another attempt.
+        MariaDB: the waiter waits in the database until a release that frees
+        a permit for it interrupts the wait (:meth:`_doze`, :meth:`_ring`),
+        and then takes the permit. An attempt after each wait that ends
+        without one (a holder's lease ran out, a wake-up was lost) finds a
+        permit handed over meanwhile, or takes a free one.
         """
         digest = self._kind_digest(name, kind)
         token = secrets.token_hex(16)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         args = (name, digest, token, ttl, identity, kind)
-        attempt = self._attempt if timeout == 0 else self._listen_own_and_attempt
+        handed = self._handover
+        attempt = self._listen_own_and_attempt if handed else self._attempt
+        if timeout == 0:
+            attempt = self._attempt
         fence: int | None = None
         while not (handoff and handoff.abandoned):
             sent = time.monotonic()
@@ -227,7 +309,10 @@ class WaitingMixin:
             if fence is not None or timeout == 0 or left <= 0:
                 break
             wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
-            fence = self._call("wait", self._wait_handed, token, wait)
+            if handed:
+                fence = self._call("wait", self._wait_handed, token, wait)
+            else:
+                self._call("wait", self._doze, digest, token, kind.limit, wait)
             if fence is not None:
                 self._queued.discard(token)
                 break
