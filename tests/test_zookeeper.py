@@ -60,6 +60,10 @@ def zk_settings(zookeeper):
 class TestZooKeeperContract(LockBackendContract):
     """The shared backend contract on ZooKeeper."""
 
+    # A renewal is a ZooKeeper write, synced to its log on the disk the
+    # matrix's other cells commit to: the slack DatabaseContract gives.
+    renew_ttl = 2.0
+
     @pytest.fixture
     def locks_setting(self, zookeeper):
         return zk_locks(zookeeper.hosts)
