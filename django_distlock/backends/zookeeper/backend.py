@@ -357,10 +357,14 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
         node = self._node(lease)
         if lease.remaining() <= 0:
             return False
+        # Read before asking: a renewal on another thread may rewrite the
+        # node meanwhile, and only the holder writes it, so a newer version
+        # on the server is this lease's own renewal.
+        version = node.version
         with self._guard("check a lock"):
             stat = self.client.exists(node.path)
         return (
             stat is not None
-            and stat.version == node.version
+            and stat.version >= version
             and stat.ephemeralOwner == node.session
         )
