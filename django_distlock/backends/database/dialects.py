@@ -59,6 +59,8 @@ class Dialect:
     #: Shared leases and permits are taken and given back by one call of a
     #: server-side function (migration 0004), not statement by statement.
     share_functions = False
+    #: A further condition on a queued place: its waiter is still there.
+    waiter_alive = ""
 
     def ttl_param(self, seconds: float) -> Any:
         """Return ``seconds`` as the parameter of :attr:`later`."""
@@ -239,7 +241,8 @@ class Dialect:
             # Waiters ahead of ``token`` (all of them if it has no row yet).
             "queue_ahead": (
                 f"SELECT count(*) FROM {shares} WHERE digest = %s AND "
-                f"kind = 'queued' AND {live} AND id < COALESCE((SELECT id FROM "
+                f"kind = 'queued' AND {live}{self.waiter_alive} "
+                "AND id < COALESCE((SELECT id FROM "
                 f"{shares} WHERE digest = %s AND token = %s AND kind = 'queued'), "
                 f"{_NO_ID})"
             ),
@@ -312,6 +315,8 @@ class MySQLDialect(Dialect):
     remaining = "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6"
     insert_ignore = "INSERT IGNORE INTO"
     on_conflict = ""
+    # A place whose bell (see extend_sql) is free holds nobody up.
+    waiter_alive = " AND (channel IS NULL OR IS_USED_LOCK(channel) IS NOT NULL)"
 
     def ttl_param(self, seconds: float) -> Any:
         return int(math.ceil(seconds * 1_000_000))
@@ -339,18 +344,11 @@ class MySQLDialect(Dialect):
         # IS_USED_LOCK gives the waiter's session, or NULL once it has gone,
         # and a place whose bell is free holds nobody up.
         shares, live = SHARES, f"expires_at > {self.now}"
-        alive = "(channel IS NULL OR IS_USED_LOCK(channel) IS NOT NULL)"
-        ahead = (
-            f"SELECT count(*) FROM {shares} WHERE digest = %s AND "
-            f"kind = 'queued' AND {live} AND {alive} AND id < COALESCE((SELECT id "
-            f"FROM {shares} WHERE digest = %s AND token = %s AND kind = 'queued'), "
-            f"{_NO_ID})"
-        )
+        ahead = sql["queue_ahead"]
         held = (
             f"SELECT count(*) FROM {shares} WHERE digest = %s "
             f"AND kind = 'permit' AND {live}"
         )
-        sql["queue_ahead"] = ahead
         # A permit's release locks the name's row and learns whether anyone
         # waits: only then does it look for waiters to wake.
         sql["row_locked_waiting"] = (

@@ -326,10 +326,12 @@ class SharesMixin:
             self._release_share_once(cursor, digest, token)
             return
         self._statement(cursor, "share_delete", (digest, token))
-        if wake and cursor.rowcount == 1 and self._wakes(cursor):
+        if not (wake and cursor.rowcount == 1):
+            return
+        if self._wakes(cursor):
             # Permit waiters queued behind this one may have room now.
             self._ring(cursor, digest)
-        elif wake and self.wait_notify and cursor.rowcount == 1:
+        elif self.wait_notify:
             # Readers queued behind a writer that gave up may go now.
             self._statement(cursor, "notify", (_channel(digest),))
             cursor.fetchall()
