@@ -10,6 +10,7 @@ is called directly (``backend.acquire(name, ttl, timeout, SHARED)``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
@@ -21,7 +22,11 @@ from django.db import connections
 from django.test import override_settings
 
 from django_distlock import locks
-from django_distlock.backends.database import DatabaseLockBackend, waiting
+from django_distlock.backends.database import (
+    DatabaseLockBackend,
+    bells,
+    waiting,
+)
 from django_distlock.backends.kinds import EXCLUSIVE, SHARED, permit
 from django_distlock.exceptions import LockBackendError
 from django_distlock.models import LockShare
@@ -433,15 +438,37 @@ class TestHandover:
         assert _rows(handing, token=newer).get().kind == "permit"
 
 
-# -- permit waiters woken by the release (MariaDB) ---------------------------
+# -- permit waiters woken by the release (MariaDB, SQLite) -------------------
 
 
-@pytest.fixture
-def waking(mysql_available, monkeypatch) -> DatabaseLockBackend:
-    """The MariaDB backend, whose waiters sleep 60 s unless a release wakes
-    them: a test that needs a wake-up to finish would time out without one."""
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "mysql",
+            marks=[
+                pytest.mark.mysql,
+                pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
+            ],
+        ),
+        pytest.param(
+            "default",
+            marks=pytest.mark.django_db(transaction=True, databases=["default"]),
+            id="sqlite",
+        ),
+    ]
+)
+def waking(request, monkeypatch) -> DatabaseLockBackend:
+    """The backend on MariaDB or on a SQLite file, whose waiters sleep 60 s
+    unless a release wakes them: a test that needs a wake-up to finish
+    would time out without one."""
+    alias = request.param
+    if alias == "default":
+        if connections["default"].vendor != "sqlite":
+            pytest.skip("the default database is not SQLite (DISTLOCK_TEST_DB)")
+    else:
+        request.getfixturevalue(f"{alias}_available")
     monkeypatch.setattr(waiting, "NOTIFY_SAFETY_WAIT", 60.0)
-    options = {"DATABASE": "mysql"}
+    options = {"DATABASE": alias}
     setting = {"default": {"BACKEND": BACKEND, "TTL": 60, "OPTIONS": options}}
     with override_settings(LOCKS=setting):
         backend = locks["default"]
@@ -451,9 +478,17 @@ def waking(mysql_available, monkeypatch) -> DatabaseLockBackend:
 
 
 def _dozing(backend, count: int):
-    """A predicate: ``count`` waiters sleep in the database (MariaDB)."""
+    """A predicate: ``count`` waiters wait to be woken.
+
+    On MariaDB they sleep in the database; on SQLite, a waiter whose place
+    names its bell is as good as asleep: a datagram sent to it from then on
+    waits in the bell's buffer.
+    """
 
     def dozing() -> bool:
+        if backend.dialect.vendor == "sqlite":
+            places = _rows(backend, kind="queued", channel__isnull=False)
+            return places.count() == count
         with connections[backend.database].cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM information_schema.PROCESSLIST "
@@ -464,8 +499,36 @@ def _dozing(backend, count: int):
     return dozing
 
 
-@pytest.mark.mysql
-@pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
+@pytest.mark.skipif(not bells.AVAILABLE, reason="Linux's abstract sockets")
+def test_a_bell_rings_once_per_datagram_and_is_its_threads_own(monkeypatch):
+    chime = bells.Bells()
+    mine = chime.own()
+    assert chime.own() == mine  # bound once per thread
+    other = []
+    thread = threading.Thread(target=lambda: other.append(chime.own()))
+    thread.start()
+    thread.join()
+    assert other[0] != mine
+    chime.ring([mine, mine, "distlock_wait_nobody"])  # one bound by nobody
+    chime.drain()  # both wake-ups, sent before the attempt, are spent
+    started = time.monotonic()
+    chime.wait(0.05)
+    assert time.monotonic() - started >= 0.04, "a drained bell rang"
+    chime.ring([mine])
+    chime.wait(30)  # returns at once: the datagram waits in the buffer
+    # A forked child binds a bell of its own, not its parent's.
+    monkeypatch.setattr(bells.os, "getpid", lambda: -1)
+    assert chime.own() != mine
+
+
+def _join(threads: list[threading.Thread], within: float) -> None:
+    """Join ``threads``, all of them within ``within`` seconds: less than a
+    waiter's minute-long sleep, which only a wake-up cuts short."""
+    deadline = time.monotonic() + within
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class TestWakes:
     def test_a_release_wakes_the_first_waiter(self, waking, name):
         one = permit(1)
@@ -507,7 +570,7 @@ class TestWakes:
         got = []
 
         def wait() -> None:
-            got.append(waking.acquire(name, 60, 50, two))
+            got.append(waking.acquire(name, 60, 120, two))
 
         waiters = [threading.Thread(target=wait) for _ in range(2)]
         for thread in waiters:
@@ -517,27 +580,38 @@ class TestWakes:
             _wait_for(_dozing(waking, 2))
             assert [waking.release(lease) for lease in holders] == [True, True]
         finally:
-            for thread in waiters:
-                thread.join(30)
+            _join(waiters, 30)
         assert len(got) == 2 and all(got), "a waiter was not woken"
         assert [waking.release(lease) for lease in got] == [True, True]
 
     def test_a_release_before_the_sleep_is_not_slept_through(self, waking, name):
         # The release comes between the waiter's attempt and its sleep, so
-        # it finds nobody to wake: the sleep must see the free permit.
+        # the waiter is not asleep when it is woken: the sleep must see the
+        # free permit (MariaDB) or the datagram already sent (SQLite).
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         digest, token = waking._kind_digest(name, one), "a" * 32
         args = (name, digest, token, 60, ("h", 1, "t"), one)
-        assert waking._call("acquire", waking._attempt, *args)[0] is None
+        queued, released, outcome = threading.Event(), threading.Event(), []
+
+        def wait() -> None:
+            outcome.append(waking._call("acquire", waking._attempt, *args)[0])
+            queued.set()
+            released.wait(30)
+            if waking.dialect.vendor == "sqlite":
+                waking._bells.wait(50)
+            else:
+                waking._call("wait", waking._doze, digest, token, 1, 50)
+            outcome.append(waking._call("acquire", waking._attempt, *args)[0])
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert queued.wait(30)
         assert waking.release(first)
-        doze = threading.Thread(
-            target=waking._call, args=("wait", waking._doze, digest, token, 1, 50)
-        )
-        doze.start()
-        doze.join(30)
-        assert not doze.is_alive(), "the waiter slept through the release"
-        assert waking._call("acquire", waking._attempt, *args)[0] is not None
+        released.set()
+        thread.join(30)
+        assert not thread.is_alive(), "the waiter slept through the release"
+        assert outcome[0] is None and outcome[1] is not None
 
     def test_no_wake_up_is_lost(self, waking, name):
         # Six threads take turns at two permits: a release that came while
@@ -547,19 +621,21 @@ class TestWakes:
 
         def work() -> None:
             for _ in range(15):
-                lease = waking.acquire(name, 60, 30, two)
+                lease = waking.acquire(name, 60, 120, two)
                 assert lease is not None
+                time.sleep(0.002)  # long enough for the others to queue
                 assert waking.release(lease)
             done.append(1)
 
         threads = [threading.Thread(target=work) for _ in range(6)]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join(60)
+        _join(threads, 40)
         assert len(done) == 6
 
     def test_a_waiter_whose_connection_closed_holds_nobody_up(self, waking, name):
+        if waking.dialect.vendor == "sqlite":
+            pytest.skip("SQLite: a dead waiter's place expires (TestProcesses)")
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         token = "f" * 32
@@ -569,6 +645,24 @@ class TestWakes:
         waking.close()  # its bell (GET_LOCK) goes with its connection
         assert waking.release(first)
         assert waking.acquire(name, 60, 0, one) is not None
+
+    def test_a_bell_whose_thread_has_gone_is_passed(self, waking, name):
+        if waking.dialect.vendor != "sqlite":
+            pytest.skip("MariaDB: see the test above")
+        one = permit(1)
+        first = waking.acquire(name, 60, 0, one)
+        token = "f" * 32
+        args = (name, waking._kind_digest(name, one), token, 60, ("h", 1, "t"), one)
+        queue = threading.Thread(
+            target=waking._call, args=("acquire", waking._attempt, *args)
+        )
+        queue.start()
+        queue.join(30)
+        gc.collect()  # the thread's bell closes with its thread-local data
+        place = _rows(waking, token=token, kind="queued").get()
+        assert place.channel.startswith("distlock_wait_")
+        assert waking.release(first)  # rings a bell nobody has bound
+        assert _rows(waking, token=token, kind="queued").exists()
 
 
 @pytest.mark.postgres

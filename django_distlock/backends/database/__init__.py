@@ -30,10 +30,11 @@ exponential backoff (capped by ``OPTIONS["MAX_BACKOFF"]``, 50 ms) that also
 wakes up when the holder's lease runs out; on PostgreSQL,
 ``OPTIONS["WAIT"] = "notify"`` makes waiters sleep on LISTEN until a
 release's NOTIFY instead. Semaphore waiters never poll on PostgreSQL (a
-release hands them their permits) nor on MariaDB (a release interrupts
-their wait in the database). The polling loop is written once, as a generator of
-steps (an attempt, a sleep) that a synchronous and an asyncio executor drive,
-as in :mod:`..steps`, so ``acquire`` and ``aacquire`` cannot drift apart.
+release hands them their permits), on MariaDB (a release interrupts their
+wait in the database) nor on a SQLite file on Linux (a release sends them
+a datagram). The polling loop is written once, as a generator of steps (an
+attempt, a sleep) that a synchronous and an asyncio executor drive, as in
+:mod:`..steps`, so ``acquire`` and ``aacquire`` cannot drift apart.
 
 See ``docs/backends/database.md`` for the guarantees per database.
 
@@ -43,7 +44,8 @@ change to them locks first (:mod:`.shares`).
 
 The package: :mod:`.names` (stored names, row keys), :mod:`.dialects` (the
 SQL per vendor), :mod:`.connections` (one connection per thread),
-:mod:`.waiting` (polling, LISTEN/NOTIFY, cancelled waiters), :mod:`.shares`
+:mod:`.waiting` (polling, LISTEN/NOTIFY, cancelled waiters), :mod:`.bells`
+(waking SQLite's permit waiters), :mod:`.shares`
 (shared locks and semaphores), :mod:`.checks` (system checks) and
 :mod:`.backend` (the contract).
 """

@@ -94,9 +94,10 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         On PostgreSQL reached directly through psycopg 3.2+, whatever
         ``WAIT`` says: a permit waiter sleeps on LISTEN until a release
         grants it its permit (migration 0006), so semaphores never poll.
-        On MariaDB a release wakes the waiters it frees a permit for
-        (:attr:`wakes_permit_waiters`). Elsewhere (SQLite, MySQL, psycopg2,
-        a transaction pooler) permit waiters poll like every other waiter.
+        On MariaDB and on SQLite (Linux) a release wakes the waiters it
+        frees a permit for (:attr:`wakes_permit_waiters`). Elsewhere (MySQL,
+        psycopg2, a transaction pooler, SQLite in memory or off Linux)
+        permit waiters poll like every other waiter.
         """
         if self._dialect is None:
             self._setup()
@@ -106,11 +107,12 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
     def wakes_permit_waiters(self) -> bool:
         """Whether a semaphore's waiters sleep until a release wakes them.
 
-        True where permits are handed over (:attr:`hands_over`), and on
+        True where permits are handed over (:attr:`hands_over`); on
         MariaDB, where a waiter waits in the database (``GET_LOCK`` with a
         timeout, on a lock its process holds) and the release that frees a
-        permit for it cuts the wait short (``KILL QUERY ID``). Asks the
-        server which it is, once.
+        permit for it cuts the wait short (``KILL QUERY ID``); and on a
+        SQLite file on Linux, where the release sends the waiter a datagram
+        (:mod:`.bells`). Asks a MySQL server which it is, once.
         """
         if self._dialect is None:
             self._setup()
@@ -122,7 +124,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
 
     def _waits_notified(self, kind: Kind | None) -> bool:
         """Whether a wait for ``kind`` (None: exclusive) sleeps on LISTEN,
-        or (a permit on MariaDB) in a statement that a release interrupts."""
+        or (a permit on MariaDB or SQLite) until a release wakes it."""
         if kind is not None and kind.mode == "permit":
             if self.hands_over or self._rings is not False:
                 return True

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...exceptions import LockBackendError
+from . import bells
 from .dialects import DIALECTS, SHARES, TABLE, Dialect
 
 __all__ = ["ConnectionsMixin", "driver_without_notifies", "transaction_pooled"]
@@ -215,8 +216,11 @@ class ConnectionsMixin:
         self._prepared = False
         self._pooled = False
         self._handover = False
-        #: Whether permit releases wake waiters (MariaDB); None: not asked yet.
+        #: Whether permit releases wake waiters (MariaDB, SQLite on Linux);
+        #: None: not asked yet.
         self._rings: bool | None = False
+        #: The threads' bells on SQLite (see bells.py).
+        self._bells: bells.Bells | None = None
         #: The connection holding this process's gate (MariaDB; see _gate).
         self._gatekeeper: _Connection | None = None
         self._gate_name = ""
@@ -260,8 +264,12 @@ class ConnectionsMixin:
                 and not self._pooled
                 and driver_without_notifies(wrapper) is None
             )
-            # MariaDB wakes permit waiters (_wakes() asks the server once).
-            self._rings = None if dialect.vendor == "mysql" else False
+            # MariaDB wakes permit waiters (_wakes() asks the server once),
+            # and so does SQLite where its processes can ring each other's
+            # bells (an in-memory database is polled by its one process).
+            if dialect.vendor == "sqlite" and bells.AVAILABLE and not self._in_memory:
+                self._bells = bells.Bells()
+            self._rings = None if dialect.vendor == "mysql" else self._bells is not None
             self._dialect = dialect
             self._sql = dialect.build(table, wrapper.ops.quote_name(SHARES))
 

@@ -178,6 +178,14 @@ class Dialect:
                 f"SELECT token, token IS NOT NULL AND {live}, {remaining}, fence "
                 f"FROM {table} WHERE digest = %s{self.for_update}"
             ),
+            # A permit's release where it wakes waiters (MariaDB, SQLite)
+            # locks the name's row and learns whether anyone waits: only
+            # then does it look for waiters to wake.
+            "row_locked_waiting": (
+                f"SELECT (SELECT count(*) FROM {shares} WHERE digest = %s AND "
+                f"kind = 'queued' AND {live}) FROM {table} WHERE digest = %s"
+                f"{self.for_update}"
+            ),
             "create_free": (
                 f"{self.insert_ignore} {table} "
                 "(digest, namespace, name, fence, host, thread) "
@@ -349,12 +357,6 @@ class MySQLDialect(Dialect):
             f"SELECT count(*) FROM {shares} WHERE digest = %s "
             f"AND kind = 'permit' AND {live}"
         )
-        # A permit's release locks the name's row and learns whether anyone
-        # waits: only then does it look for waiters to wake.
-        sql["row_locked_waiting"] = (
-            f"SELECT (SELECT count(*) FROM {shares} WHERE digest = %s AND "
-            f"kind = 'queued' AND {live}) FROM {TABLE} WHERE digest = %s FOR UPDATE"
-        )
         # Wait unless a permit is free for the waiter: a release committed
         # before this statement began is seen here, and one committed after
         # finds the statement running, so no wake-up is lost.
@@ -394,6 +396,18 @@ class SQLiteDialect(Dialect):
 
     def prepare(self, sql: str) -> str:
         return sql.replace("%s", "?").replace("%%", "%")
+
+    def extend_sql(self, sql: dict[str, str]) -> None:
+        # The bells (see bells.py) of the first waiters in line, as many as
+        # there are free permits; a negative LIMIT would mean no limit.
+        shares, live = SHARES, f"expires_at > {self.now}"
+        sql["permit_wake"] = (
+            f"SELECT channel FROM {shares} WHERE digest = %s AND kind = 'queued' "
+            f"AND {live} AND channel IS NOT NULL ORDER BY id LIMIT max(0, "
+            f"(SELECT COALESCE(max(permits), 0) FROM {shares} WHERE digest = %s "
+            f"AND kind = 'queued') - (SELECT count(*) FROM {shares} WHERE "
+            f"digest = %s AND kind = 'permit' AND {live}))"
+        )
 
 
 DIALECTS: dict[str, type[Dialect]] = {

@@ -24,6 +24,7 @@ from ..base import Lease
 from ..handoff import Handoff
 from ..indoubt import InDoubt
 from ..kinds import EXCLUSIVE, Kind
+from .bells import Bells
 
 __all__ = ["WaitingMixin"]
 
@@ -63,6 +64,7 @@ class WaitingMixin:
     wait_notify: bool
     _handover: bool
     _rings: bool | None
+    _bells: Bells | None
     _local: Any
     _call: Callable[..., Any]
     _run: Callable[..., Any]
@@ -76,13 +78,14 @@ class WaitingMixin:
     _queued: set[str]
     _in_doubt_errors: tuple[type[Exception], ...]
 
-    # -- permit waiters woken by the release (MariaDB) ---------------------
+    # -- permit waiters woken by the release (MariaDB, SQLite) -------------
 
     def _wakes(self, cursor: Any) -> bool:
         """Whether a permit's release wakes the waiters it frees room for.
 
         On MariaDB: a waiter waits in one statement (:meth:`_doze`), which
-        the release cuts short (:meth:`_ring`).
+        the release cuts short (:meth:`_ring`). On SQLite (Linux): a waiter
+        waits on its thread's bell, which the release rings (:mod:`.bells`).
         """
         if self._rings is None:
             cursor.execute("SELECT VERSION()")
@@ -94,8 +97,11 @@ class WaitingMixin:
 
         A user lock (``GET_LOCK``), held as long as the connection lives: a
         waiter's place names it, and a release finds the waiter's session by
-        it (``IS_USED_LOCK``), or learns that the waiter has gone.
+        it (``IS_USED_LOCK``), or learns that the waiter has gone. On SQLite,
+        the thread's datagram socket.
         """
+        if self._bells is not None:
+            return self._bells.own()
         _raw, held, own = self._listen_state(cursor)
         if own not in held:
             cursor.execute("SELECT GET_LOCK(%s, 0)", [own])
@@ -135,6 +141,9 @@ class WaitingMixin:
         """
         try:
             self._statement(cursor, "permit_wake", (digest, digest, digest))
+            if self._bells is not None:
+                self._bells.ring(channel for (channel,) in cursor.fetchall())
+                return
             for (query,) in cursor.fetchall():
                 try:
                     cursor.execute("KILL QUERY ID %s", [int(query)])
@@ -289,7 +298,8 @@ class WaitingMixin:
         fencing token there, so the waiter has it without another attempt.
         MariaDB: the waiter waits in the database until a release that frees
         a permit for it interrupts the wait (:meth:`_doze`, :meth:`_ring`),
-        and then takes the permit. An attempt after each wait that ends
+        and then takes the permit; SQLite: the same, the wait on the
+        thread's bell (:mod:`.bells`). An attempt after each wait that ends
         without one (a holder's lease ran out, a wake-up was lost) finds a
         permit handed over meanwhile, or takes a free one.
         """
@@ -301,9 +311,12 @@ class WaitingMixin:
         attempt = self._listen_own_and_attempt if handed else self._attempt
         if timeout == 0:
             attempt = self._attempt
+        bells = self._bells
         fence: int | None = None
         while not (handoff and handoff.abandoned):
             sent = time.monotonic()
+            if bells is not None:
+                bells.drain()  # what rang before this attempt, it sees
             fence, hint = self._try_acquire(args, attempt)
             left = deadline - time.monotonic()
             if fence is not None or timeout == 0 or left <= 0:
@@ -311,6 +324,8 @@ class WaitingMixin:
             wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
             if handed:
                 fence = self._call("wait", self._wait_handed, token, wait)
+            elif bells is not None:
+                bells.wait(wait)
             else:
                 self._call("wait", self._doze, digest, token, kind.limit, wait)
             if fence is not None:

@@ -1,0 +1,93 @@
+"""How a permit's release wakes its waiters on SQLite: a datagram each.
+
+SQLite cannot signal from one connection to another, but every process of
+one SQLite database runs on one host. So a thread that queues for a permit
+binds a Unix datagram socket in Linux's abstract namespace (no file to
+clean up: the name goes with the socket) and names it in its place in the
+queue; a release that frees a permit sends the waiters first in line an
+empty datagram once it has committed. A datagram sent between a waiter's
+attempt and its wait stays in the socket's buffer, so no wake-up is lost;
+one left over from an earlier wait only costs an extra attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+import threading
+from collections.abc import Iterable
+
+__all__ = ["AVAILABLE", "Bells"]
+
+#: Whether this platform has Linux's abstract socket namespace.
+AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "AF_UNIX")
+
+
+def _socket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+
+class Bells:
+    """Each thread's bell (a bound datagram socket), and ringing others'."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._sender: tuple[int, socket.socket] | None = None
+        self._lock = threading.Lock()
+
+    def _mine(self) -> tuple[int, socket.socket, str] | None:
+        bell = getattr(self._local, "bell", None)
+        # A forked child has its own bell: the parent's socket is the
+        # parent's, whoever reads it first would take the other's wake-up.
+        return bell if bell is not None and bell[0] == os.getpid() else None
+
+    def own(self) -> str:
+        """Return the name of this thread's bell, bound on first use."""
+        bell = self._mine()
+        if bell is None:
+            sock = _socket()
+            name = "distlock_wait_" + secrets.token_hex(8)
+            sock.bind("\0" + name)
+            bell = self._local.bell = (os.getpid(), sock, name)
+        return bell[2]
+
+    def drain(self) -> None:
+        """Drop the wake-ups this thread's bell has had so far."""
+        bell = self._mine()
+        if bell is None:
+            return
+        sock = bell[1]
+        sock.setblocking(False)
+        try:
+            while True:
+                sock.recv(1)
+        except BlockingIOError:
+            pass
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for this thread's bell to ring."""
+        bell = self._mine()
+        if bell is None:
+            return  # no place names a bell of this thread yet: try again now
+        sock = bell[1]
+        sock.settimeout(max(timeout, 0.0))
+        try:
+            sock.recv(1)
+        except TimeoutError:
+            pass
+
+    def ring(self, names: Iterable[str]) -> None:
+        """Ring the bells ``names``; a bell whose thread has gone is passed."""
+        with self._lock:
+            if self._sender is None or self._sender[0] != os.getpid():
+                self._sender = (os.getpid(), _socket())
+            sender = self._sender[1]
+        for name in names:
+            try:
+                sender.sendto(b"", socket.MSG_DONTWAIT, "\0" + name)
+            except OSError:
+                # Refused: the waiter has gone (its place expires on its
+                # own). Full: it has wake-ups it has not read yet.
+                pass
