@@ -613,6 +613,37 @@ class TestWakes:
         assert not thread.is_alive(), "the waiter slept through the release"
         assert outcome[0] is None and outcome[1] is not None
 
+    def test_a_waiter_behind_one_with_room_waits_to_be_rung(
+        self, waking, name, monkeypatch
+    ):
+        # The permit is free but promised to the waiter ahead: the one behind
+        # does not look again every few milliseconds, and the withdrawal of
+        # the one ahead rings it.
+        one = permit(1)
+        holder = waking.acquire(name, 60, 0, one)
+        digest, ahead = waking._kind_digest(name, one), "a" * 32
+        args = (name, digest, ahead, 60, ("h", 1, "t"), one)
+        assert waking._call("acquire", waking._attempt, *args)[0] is None
+        assert waking.release(holder)  # rings the waiter ahead, nobody else
+        attempts, attempt, got = [], waking._attempt, []
+
+        def counted(cursor, *args):
+            attempts.append(args[2])
+            return attempt(cursor, *args)
+
+        monkeypatch.setattr(waking, "_attempt", counted)
+        waiter = threading.Thread(
+            target=lambda: got.append(waking.acquire(name, 60, 120, one))
+        )
+        waiter.start()
+        _wait_for(lambda: len(attempts) == 1)
+        time.sleep(0.5)  # a waiter polling every 5 ms would try ~100 times
+        waking._withdraw(digest, ahead)
+        _join([waiter], 30)
+        assert got and got[0] is not None, "the withdrawal did not ring it"
+        assert len(attempts) <= 3
+        assert waking.release(got[0])
+
     def test_no_wake_up_is_lost(self, waking, name):
         # Six threads take turns at two permits: a release that came while
         # a waiter was between its attempt and its sleep would leave it

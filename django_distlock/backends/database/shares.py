@@ -88,6 +88,7 @@ class SharesMixin:
     wait_notify: bool
     _handover: bool
     _wakes: Any
+    _rings: bool | None
     _bell: Any
     _ring: Any
     _call: Any
@@ -271,6 +272,11 @@ class SharesMixin:
                 run(cur, "share_delete", (digest, token))
             return None
         self._hold_place(cur, digest, token, identity, "queued", kind.limit)
+        if soonest is None and self._rings:
+            # Permits are free, for the waiters ahead, who take them; a
+            # release or a withdrawal ahead rings this waiter when it has
+            # room. It renews its place before the place can expire.
+            return self._waiter_ttl() / 2
         return max(QUEUED_HINT, float(soonest or 0.0))
 
     def _hold_place(
