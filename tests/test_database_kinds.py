@@ -909,6 +909,27 @@ def test_async_cancelled_waiter_gives_back(backend, name):
     _wait_for(lambda: backend.acquire(name, 10, 0, permit(1)) is not None, 10)
 
 
+@pytest.mark.parametrize("kind", [permit(1), EXCLUSIVE], ids=["permit", "exclusive"])
+def test_async_waiters_leave_the_default_executor_to_releases(backend, name, kind):
+    # More waiting tasks than the event loop's default executor has threads:
+    # a wait that blocked one of them until a release woke it would hold up
+    # the holder's arelease, which runs there, until the waits time out.
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def cycle() -> None:
+        for _ in range(2):
+            lease = await backend.aacquire(name, 10, 60, kind)
+            assert lease is not None
+            await asyncio.sleep(0.005)
+            assert await backend.arelease(lease)
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+        await asyncio.wait_for(asyncio.gather(*(cycle() for _ in range(6))), 30)
+
+    asyncio.run(scenario())
+
+
 # -- processes ----------------------------------------------------------------
 
 

@@ -332,9 +332,11 @@ class BaseLockBackend:
     ) -> Lease | None:
         """Async twin of :meth:`acquire`.
 
-        Not thread-sensitive: a waiting acquire blocks its thread, and on the
-        one thread-sensitive thread it would block the holder's ``arelease``
-        queued behind it (a deadlock until the timeout). If the awaiting task
+        In a thread of a pool for waits (:data:`~.handoff.MAX_WAITS`), not
+        the thread-sensitive one nor the event loop's default executor: a
+        waiting acquire blocks its thread, and there it would hold up the
+        holder's ``arelease`` queued behind it (a deadlock until the
+        timeout). If the awaiting task
         is cancelled, a lease the thread obtains afterwards is released at
         once (:class:`~.handoff.Handoff`): nobody would hold it.
         """
@@ -343,9 +345,10 @@ class BaseLockBackend:
             if lease is not None:
                 self.release(lease)
 
+        wait = Handoff(undo).await_wait
         if kind is EXCLUSIVE:
-            return await Handoff(undo).arun(self.acquire, name, ttl, timeout)
-        return await Handoff(undo).arun(self.acquire, name, ttl, timeout, kind)
+            return await wait(self.acquire, name, ttl, timeout)
+        return await wait(self.acquire, name, ttl, timeout, kind)
 
     async def aholder_of(self, name: str, kind: Kind = EXCLUSIVE) -> Holder | None:
         """Async twin of :meth:`holder_of`."""

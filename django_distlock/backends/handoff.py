@@ -9,13 +9,40 @@ back.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
-__all__ = ["Handoff"]
+__all__ = ["MAX_WAITS", "Handoff"]
+
+#: Threads for the waits that block until a release wakes them: a pool of
+#: their own, never the event loop's default executor, where the holders'
+#: releases run (waits filling it would hold those up until they time out).
+MAX_WAITS = 32
+_waits: ThreadPoolExecutor | None = None
+_waits_lock = threading.Lock()
+
+
+def _wait_pool() -> ThreadPoolExecutor:
+    global _waits
+    with _waits_lock:
+        if _waits is None:
+            _waits = ThreadPoolExecutor(MAX_WAITS, thread_name_prefix="distlock-wait")
+        return _waits
+
+
+def _forget_wait_pool() -> None:
+    # A forked child has none of the parent's threads: a pool of its own.
+    global _waits
+    _waits = None
+
+
+os.register_at_fork(after_in_child=_forget_wait_pool)
 
 
 class Handoff:
@@ -60,6 +87,18 @@ class Handoff:
         """Await :meth:`run` in a worker thread; abandon it if cancelled."""
         try:
             return await _run_in_thread(self, func, *args)
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
+
+    async def await_wait(self, func: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`arun` for a wait: in a thread of the waits' own pool."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        try:
+            return await loop.run_in_executor(
+                _wait_pool(), context.run, self.run, func, *args
+            )
         except asyncio.CancelledError:
             self.abandon()
             raise

@@ -307,9 +307,11 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
     ) -> Lease | None:
         """Poll from the event loop; each attempt runs in a worker thread.
 
-        With ``WAIT = "notify"``, and for a permit that is handed over
-        (:attr:`hands_over`), the whole wait runs in one worker thread,
-        whose connection listens for the release. Cancelling the task does
+        With ``WAIT = "notify"``, and for a permit whose waiters a release
+        wakes (:attr:`wakes_permit_waiters`), the whole wait runs in one
+        thread of a pool for waits (at most ``handoff.MAX_WAITS`` at once
+        per process), whose connection waits for the release; the event
+        loop's default executor stays free for releases. Cancelling the task does
         not stop a statement in flight: whatever it obtains afterwards is
         released as soon as the thread has it, and a notify wait ends at its
         next wake-up.
@@ -323,7 +325,7 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
                     self._give_back(self._lease_digest(lease), lease.token)
 
             handoff = Handoff(undo)
-            return await handoff.arun(
+            return await handoff.await_wait(
                 self._acquire_notified, name, ttl, timeout, identity, handoff, share
             )
         return await self._arun(
