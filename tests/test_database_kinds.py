@@ -441,22 +441,21 @@ class TestHandover:
 # -- permit waiters woken by the release (MariaDB, SQLite) -------------------
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(
-            "mysql",
-            marks=[
-                pytest.mark.mysql,
-                pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
-            ],
-        ),
-        pytest.param(
-            "default",
-            marks=pytest.mark.django_db(transaction=True, databases=["default"]),
-            id="sqlite",
-        ),
-    ]
+WAKING_MARIADB = pytest.param(
+    "mysql",
+    marks=[
+        pytest.mark.mysql,
+        pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
+    ],
 )
+WAKING_SQLITE = pytest.param(
+    "default",
+    marks=pytest.mark.django_db(transaction=True, databases=["default"]),
+    id="sqlite",
+)
+
+
+@pytest.fixture(params=[WAKING_MARIADB, WAKING_SQLITE])
 def waking(request, monkeypatch) -> DatabaseLockBackend:
     """The backend on MariaDB or on a SQLite file, whose waiters sleep 60 s
     unless a release wakes them: a test that needs a wake-up to finish
@@ -664,9 +663,9 @@ class TestWakes:
         _join(threads, 40)
         assert len(done) == 6
 
+    # SQLite: a dead waiter's place expires (TestProcesses).
+    @pytest.mark.parametrize("waking", [WAKING_MARIADB], indirect=True)
     def test_a_waiter_whose_connection_closed_holds_nobody_up(self, waking, name):
-        if waking.dialect.vendor == "sqlite":
-            pytest.skip("SQLite: a dead waiter's place expires (TestProcesses)")
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         token = "f" * 32
@@ -677,9 +676,8 @@ class TestWakes:
         assert waking.release(first)
         assert waking.acquire(name, 60, 0, one) is not None
 
+    @pytest.mark.parametrize("waking", [WAKING_SQLITE], indirect=True)
     def test_a_bell_whose_thread_has_gone_is_passed(self, waking, name):
-        if waking.dialect.vendor != "sqlite":
-            pytest.skip("MariaDB: see the test above")
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         token = "f" * 32
