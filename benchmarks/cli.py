@@ -222,7 +222,10 @@ def setup_django(ctx: Context) -> None:
     from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
+    from django.conf import settings
+
+    for alias in settings.DATABASES:
+        call_command("migrate", verbosity=0, interactive=False, database=alias)
     if has_module("django_distlock.admin"):
         from django.urls import NoReverseMatch, reverse
 

@@ -1,6 +1,7 @@
 """Shared locks and semaphores (issue 22): their cycle beside the exclusive one.
 
-Uncontended, per backend (Redis, and the database backend on PostgreSQL):
+Uncontended, per backend (Redis, and the database backend on PostgreSQL
+and on a SQLite file):
 ``with lock(name): pass``, ``with lock(name, shared=True): pass`` and
 ``with semaphore(name, 3): pass`` (auto_renew off, one name each), and the
 exclusive cycle of the package as it was before issue 22 (commit
@@ -39,7 +40,7 @@ LIMIT = 3
 #: The package before issue 22 (shared locks and semaphores).
 BEFORE_COMMIT = "34e8a02"
 #: Backend label -> LOCKS alias of benchmarks/settings.py.
-BACKENDS = {"Redis": "default", "PostgreSQL": "db"}
+BACKENDS = {"Redis": "default", "PostgreSQL": "db", "SQLite": "lite"}
 #: The contention figure's third backend (benchmarks/kinds_settings.py).
 NOTIFY = 'PostgreSQL, WAIT="notify"'
 
@@ -181,6 +182,8 @@ def run(ctx) -> dict:
         backends["PostgreSQL"] = BACKENDS["PostgreSQL"]
     else:
         notes.append("PostgreSQL rows left out: no PostgreSQL in this run")
+    if ctx.has_database_backend:
+        backends["SQLite"] = BACKENDS["SQLite"]
     aliases = list(backends.values())
     mp = multiprocessing.get_context("spawn")
     old_root, why = checkout_before(ctx.root)

@@ -144,7 +144,7 @@ def kinds_plot(block: dict, path: Path) -> Path:
     plt = _plt()
     contended = block.get("contended", {})
     fig, (ax1, ax2) = plt.subplots(
-        1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]}
+        1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [3, 2]}
     )
     labels, ratios, lows, highs, limits = [], [], [], [], []
     for backend, b in block["backends"].items():

@@ -24,6 +24,17 @@ REDIS_URL = os.environ.get("DISTLOCK_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 REDLOCK_URLS = [u for u in os.environ.get("DISTLOCK_BENCH_REDLOCK", "").split(",") if u]
 PG_NAME = os.environ.get("DISTLOCK_BENCH_PG", "")
 
+#: A SQLite file: the default database without PostgreSQL, and the ``lite``
+#: one (the kinds scenario's SQLite rows) either way. Eight processes write
+#: to it at once there, so a writer waits up to 20 s for the file's lock.
+SQLITE = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.environ.get(
+        "DISTLOCK_BENCH_SQLITE",
+        os.path.join(tempfile.gettempdir(), "distlock-bench.sqlite3"),
+    ),
+    "OPTIONS": {"timeout": 20},
+}
 if PG_NAME:
     DATABASES = {
         "default": {
@@ -32,18 +43,11 @@ if PG_NAME:
             "USER": PG["user"],
             "HOST": PG["host"],
             "PORT": str(PG["port"]),
-        }
+        },
+        "lite": SQLITE,
     }
 else:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get(
-                "DISTLOCK_BENCH_SQLITE",
-                os.path.join(tempfile.gettempdir(), "distlock-bench.sqlite3"),
-            ),
-        }
-    }
+    DATABASES = {"default": SQLITE}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -103,6 +107,10 @@ if HAS_DATABASE_BACKEND:
     LOCKS["db"] = {
         "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
         "OPTIONS": {"DATABASE": "default"},
+    }
+    LOCKS["lite"] = {
+        **LOCKS["db"],
+        "OPTIONS": {"DATABASE": "lite" if "lite" in DATABASES else "default"},
     }
 if HAS_REDLOCK_BACKEND and len(REDLOCK_URLS) >= 3:
     LOCKS["quorum"] = {
