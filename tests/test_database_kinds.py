@@ -520,6 +520,11 @@ def test_a_bell_rings_once_per_datagram_and_is_its_threads_own(monkeypatch):
     assert chime.own() != mine
 
 
+def _attempt_args(backend, name: str, token: str, kind) -> tuple:
+    """The arguments of one ``backend._attempt`` for ``token``, 60 s TTL."""
+    return (name, backend._kind_digest(name, kind), token, 60, ("h", 1, "t"), kind)
+
+
 def _join(threads: list[threading.Thread], within: float) -> None:
     """Join ``threads``, all of them within ``within`` seconds: less than a
     waiter's minute-long sleep, which only a wake-up cuts short."""
@@ -590,7 +595,7 @@ class TestWakes:
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         digest, token = waking._kind_digest(name, one), "a" * 32
-        args = (name, digest, token, 60, ("h", 1, "t"), one)
+        args = _attempt_args(waking, name, token, one)
         queued, released, outcome = threading.Event(), threading.Event(), []
 
         def wait() -> None:
@@ -621,7 +626,7 @@ class TestWakes:
         one = permit(1)
         holder = waking.acquire(name, 60, 0, one)
         digest, ahead = waking._kind_digest(name, one), "a" * 32
-        args = (name, digest, ahead, 60, ("h", 1, "t"), one)
+        args = _attempt_args(waking, name, ahead, one)
         assert waking._call("acquire", waking._attempt, *args)[0] is None
         assert waking.release(holder)  # rings the waiter ahead, nobody else
         attempts, attempt, got = [], waking._attempt, []
@@ -669,7 +674,7 @@ class TestWakes:
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         token = "f" * 32
-        args = (name, waking._kind_digest(name, one), token, 60, ("h", 1, "t"), one)
+        args = _attempt_args(waking, name, token, one)
         assert waking._call("acquire", waking._attempt, *args)[0] is None
         assert _rows(waking, token=token, kind="queued").exists()
         waking.close()  # its bell (GET_LOCK) goes with its connection
@@ -681,7 +686,7 @@ class TestWakes:
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         token = "f" * 32
-        args = (name, waking._kind_digest(name, one), token, 60, ("h", 1, "t"), one)
+        args = _attempt_args(waking, name, token, one)
         queue = threading.Thread(
             target=waking._call, args=("acquire", waking._attempt, *args)
         )
