@@ -129,3 +129,18 @@ def test_child_can_wait_for_a_lock_the_parent_releases():
     os.waitpid(pid, 0)
     assert result["token"] > token
     assert result["waited"] >= 0.3
+
+
+def test_child_runs_its_waits_in_a_pool_of_its_own():
+    # An asyncio wait that a release ends runs in a thread pool of its own
+    # (Handoff.await_wait); the parent's, inherited with no thread behind
+    # it, would never run the child's.
+    import asyncio
+
+    from django_distlock.backends.handoff import Handoff
+
+    async def wait() -> int:
+        return await asyncio.wait_for(Handoff(lambda _: None).await_wait(int, "7"), 20)
+
+    assert asyncio.run(wait()) == 7  # the parent's pool, a thread now idle
+    assert in_child(lambda: {"got": asyncio.run(wait())}) == {"got": 7}

@@ -37,9 +37,10 @@ def _wait_pool() -> ThreadPoolExecutor:
 
 
 def _forget_wait_pool() -> None:
-    # A forked child has none of the parent's threads: a pool of its own.
-    global _waits
-    _waits = None
+    # A forked child has none of the parent's threads (nor a lock one of
+    # them held): a pool of its own.
+    global _waits, _waits_lock
+    _waits, _waits_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_wait_pool)
