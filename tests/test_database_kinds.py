@@ -84,15 +84,20 @@ def _rows(backend, **filters):
     return LockShare.objects.using(backend.database).filter(**filters)
 
 
-def _connection_gone(backend, channel: str) -> bool:
-    """Whether the waiter's connection that listened on ``channel`` has gone
-    (what the release function asks: see migration 0008)."""
+def _waiter_gone(backend, channel: str) -> bool:
+    """Whether the waiter whose place names ``channel`` has gone, as a
+    release sees it: the advisory lock its connection held is free
+    (PostgreSQL, migration 0008), so is its user lock (MariaDB), or nobody
+    has bound its bell (SQLite)."""
+    if backend.dialect.vendor == "sqlite":
+        return not bells.rings(channel)
+    free = {
+        "postgresql": "pg_try_advisory_xact_lock_shared(hashtextextended(%s, 0))",
+        "mysql": "IS_USED_LOCK(%s) IS NULL",
+    }[backend.dialect.vendor]
     with connections[backend.database].cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_try_advisory_xact_lock_shared(hashtextextended(%s, 0))",
-            [channel],
-        )
-        return cursor.fetchall()[0][0]
+        cursor.execute(f"SELECT {free}", [channel])
+        return bool(cursor.fetchall()[0][0])
 
 
 def _wait_for(predicate, timeout: float = 30.0) -> None:
@@ -668,21 +673,10 @@ class TestWakes:
         _join(threads, 40)
         assert len(done) == 6
 
-    # SQLite: a dead waiter's place expires (TestProcesses).
-    @pytest.mark.parametrize("waking", [WAKING_MARIADB], indirect=True)
-    def test_a_waiter_whose_connection_closed_holds_nobody_up(self, waking, name):
-        one = permit(1)
-        first = waking.acquire(name, 60, 0, one)
-        token = "f" * 32
-        args = _attempt_args(waking, name, token, one)
-        assert waking._call("acquire", waking._attempt, *args)[0] is None
-        assert _rows(waking, token=token, kind="queued").exists()
-        waking.close()  # its bell (GET_LOCK) goes with its connection
-        assert waking.release(first)
-        assert waking.acquire(name, 60, 0, one) is not None
-
-    @pytest.mark.parametrize("waking", [WAKING_SQLITE], indirect=True)
-    def test_a_bell_whose_thread_has_gone_is_passed(self, waking, name):
+    def test_a_waiter_that_has_gone_holds_nobody_up(self, waking, name):
+        # Its place is left in the queue, but its bell is gone: on MariaDB
+        # a user lock that went with its connection, on SQLite a socket that
+        # went with its thread. The release passes it over.
         one = permit(1)
         first = waking.acquire(name, 60, 0, one)
         token = "f" * 32
@@ -693,10 +687,13 @@ class TestWakes:
         queue.start()
         queue.join(30)
         gc.collect()  # the thread's bell closes with its thread-local data
+        waking.close()  # and its connection, with the bell it holds
         place = _rows(waking, token=token, kind="queued").get()
         assert place.channel.startswith("distlock_wait_")
-        assert waking.release(first)  # rings a bell nobody has bound
-        assert _rows(waking, token=token, kind="queued").exists()
+        assert waking.release(first)  # rings nobody
+        lease = waking.acquire(name, 60, 0, one)
+        assert lease is not None, "the waiter that has gone held the permit up"
+        assert waking.release(lease)
 
 
 @pytest.mark.postgres
@@ -994,10 +991,9 @@ class TestProcesses:
                 os.kill(proc.pid, signal.SIGKILL)
 
     def test_killed_permit_waiter_is_passed_over(self, backend, name):
-        # A waiter killed while it waits is not handed the permit a release
-        # frees (it would be lost for the waiter's TTL, 60 s): the next in
-        # line gets it. Where permits are not handed over, the dead
-        # waiter's place expires within seconds.
+        # A waiter killed while it waits is passed over: a release that
+        # hands permits over does not hand it one (it would be lost for the
+        # waiter's TTL, 60 s), and its place holds up nobody behind it.
         held = backend.acquire(name, 60, 0, permit(1))
         digest = backend._kind_digest(name, permit(1))
         proc = start_process(kinds_workers.wait_permit, name, 1, 60.0)
@@ -1009,12 +1005,11 @@ class TestProcesses:
         finally:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGKILL)
-        if backend.hands_over:
-            # Its server process exits, and drops the advisory lock its
-            # connection held, once it sees the connection closed.
-            _wait_for(lambda: _connection_gone(backend, place.channel))
+        # The server drops the lock the waiter's connection held once it
+        # sees the connection closed (SQLite: the bell went with the process).
+        _wait_for(lambda: _waiter_gone(backend, place.channel))
         assert backend.release(held)
-        lease = backend.acquire(name, 10, 10, permit(1))
+        lease = backend.acquire(name, 10, 0, permit(1))
         assert lease is not None
         assert not _rows(backend, token=place.token, kind="permit").exists()
         assert backend.release(lease)

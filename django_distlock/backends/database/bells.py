@@ -7,7 +7,9 @@ clean up: the name goes with the socket) and names it in its place in the
 queue; a release that frees a permit sends the waiters first in line an
 empty datagram once it has committed. A datagram sent between a waiter's
 attempt and its wait stays in the socket's buffer, so no wake-up is lost;
-one left over from an earlier wait only costs an extra attempt.
+one left over from an earlier wait only costs an extra attempt. A bell
+that nobody has bound any more (:func:`rings`) tells that its waiter has
+gone: SQL asks through a function of the connection (``distlock_bell_rings``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import threading
 from collections.abc import Iterable
 
-__all__ = ["AVAILABLE", "Bells"]
+__all__ = ["AVAILABLE", "Bells", "rings"]
 
 #: Whether this platform has Linux's abstract socket namespace.
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "AF_UNIX")
@@ -27,6 +29,26 @@ AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "AF_UNIX")
 
 def _socket() -> socket.socket:
     return socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+
+def rings(name: str | None) -> bool:
+    """Return False if no socket is bound to the bell ``name`` any more.
+
+    Its thread has ended, or its process has died, and with it the waiter
+    whose place names the bell. Connecting to the name sends nothing, so the
+    waiter, if it is there, is not woken. A bell that cannot be told apart
+    (any other error) counts as ringing.
+    """
+    if name is None:
+        return True
+    with _socket() as probe:
+        try:
+            probe.connect("\0" + name)
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            pass
+    return True
 
 
 class Bells:

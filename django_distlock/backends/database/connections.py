@@ -47,10 +47,13 @@ def _close_raw(wrapper: Any, pid: int) -> None:
 class _Connection:
     """One thread's private connection to the lock database."""
 
-    def __init__(self, wrapper: Any, prepared: bool = False):
+    def __init__(self, wrapper: Any, prepared: bool = False, functions: tuple = ()):
         self.wrapper = wrapper
         self.pid = os.getpid()
         self.prepared = prepared
+        #: SQL functions each new SQLite connection is given:
+        #: ``(name, number of arguments, callable)``.
+        self.functions = functions
         self._cursor: Any = None
         self.errors = (wrapper.Database.Error, _django_db_error())
         self.finalizer = weakref.finalize(self, _close_raw, wrapper, self.pid)
@@ -88,7 +91,10 @@ class _Connection:
                 raw.prepare_threshold = 5
                 self._cursor = psycopg.Cursor(raw)
             else:
-                self._cursor = self.wrapper.connection.cursor()
+                raw = self.wrapper.connection
+                for name, arity, function in self.functions:
+                    raw.create_function(name, arity, function)
+                self._cursor = raw.cursor()
         return self._cursor
 
     def reset(self) -> None:
@@ -221,6 +227,7 @@ class ConnectionsMixin:
         self._rings: bool | None = False
         #: The threads' bells on SQLite (see bells.py).
         self._bells: bells.Bells | None = None
+        self._functions: tuple = ()
         #: The connection holding this process's gate (MariaDB; see _gate).
         self._gatekeeper: _Connection | None = None
         self._gate_name = ""
@@ -269,6 +276,8 @@ class ConnectionsMixin:
             # bells (an in-memory database is polled by its one process).
             if dialect.vendor == "sqlite" and bells.AVAILABLE and not self._in_memory:
                 self._bells = bells.Bells()
+                self._functions = (("distlock_bell_rings", 1, bells.rings),)
+                dialect.ring_bells()
             self._rings = None if dialect.vendor == "mysql" else self._bells is not None
             self._dialect = dialect
             self._sql = dialect.build(table, wrapper.ops.quote_name(SHARES))
@@ -304,7 +313,7 @@ class ConnectionsMixin:
             if self._in_memory:
                 conn = _SharedConnection(self.database)
             else:
-                conn = _Connection(self._new_wrapper(), self._prepared)
+                conn = _Connection(self._new_wrapper(), self._prepared, self._functions)
             self._local.conn = conn
             self._connections.add(conn)
         return conn

@@ -397,13 +397,20 @@ class SQLiteDialect(Dialect):
     def prepare(self, sql: str) -> str:
         return sql.replace("%s", "?").replace("%%", "%")
 
+    def ring_bells(self) -> None:
+        """Pass over the places whose bell nobody has bound any more: their
+        waiters have gone (the function ``distlock_bell_rings``, which each
+        connection of the backend is given; see bells.py)."""
+        self.waiter_alive = " AND (channel IS NULL OR distlock_bell_rings(channel))"
+
     def extend_sql(self, sql: dict[str, str]) -> None:
         # The bells (see bells.py) of the first waiters in line, as many as
         # there are free permits; a negative LIMIT would mean no limit.
         shares, live = SHARES, f"expires_at > {self.now}"
         sql["permit_wake"] = (
             f"SELECT channel FROM {shares} WHERE digest = %s AND kind = 'queued' "
-            f"AND {live} AND channel IS NOT NULL ORDER BY id LIMIT max(0, "
+            f"AND {live} AND channel IS NOT NULL{self.waiter_alive} "
+            "ORDER BY id LIMIT max(0, "
             f"(SELECT COALESCE(max(permits), 0) FROM {shares} WHERE digest = %s "
             f"AND kind = 'queued') - (SELECT count(*) FROM {shares} WHERE "
             f"digest = %s AND kind = 'permit' AND {live}))"
