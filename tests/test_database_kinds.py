@@ -504,7 +504,7 @@ def _dozing(backend, count: int):
 
 
 @pytest.mark.skipif(not bells.AVAILABLE, reason="Linux's abstract sockets")
-def test_a_bell_rings_once_per_datagram_and_is_its_threads_own(monkeypatch):
+def test_a_bell_rings_once_per_datagram_and_is_its_threads_own():
     chime = bells.Bells()
     mine = chime.own()
     assert chime.own() == mine  # bound once per thread
@@ -520,9 +520,32 @@ def test_a_bell_rings_once_per_datagram_and_is_its_threads_own(monkeypatch):
     assert time.monotonic() - started >= 0.04, "a drained bell rang"
     chime.ring([mine])
     chime.wait(30)  # returns at once: the datagram waits in the buffer
-    # A forked child binds a bell of its own, not its parent's.
-    monkeypatch.setattr(bells.os, "getpid", lambda: -1)
+    # A forked child forgets its parent's bell, and binds its own.
+    chime.forget()
+    assert not bells.rings(mine), "the inherited bell was left open"
     assert chime.own() != mine
+
+
+@pytest.mark.parametrize("waking", [WAKING_SQLITE], indirect=True)
+def test_a_forked_child_closes_the_bell_it_inherits(waking):
+    # Else the parent's waiter would look alive for as long as the child
+    # lives, whether it is there or not.
+    mine = waking._bells.own()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child, its at-fork hooks run: keep what it has open
+        os.write(write_end, b"x")
+        time.sleep(30)
+        os._exit(0)
+    try:
+        os.close(write_end)
+        assert os.read(read_end, 1) == b"x"
+        waking._bells.forget()  # the parent's waiting thread ends
+        assert not bells.rings(mine), "the child kept its parent's bell bound"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_end)
 
 
 def _attempt_args(backend, name: str, token: str, kind) -> tuple:

@@ -14,7 +14,6 @@ gone: SQL asks through a function of the connection (``distlock_bell_rings``).
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import sys
@@ -56,31 +55,41 @@ class Bells:
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._sender: tuple[int, socket.socket] | None = None
+        self._sender: socket.socket | None = None
         self._lock = threading.Lock()
 
-    def _mine(self) -> tuple[int, socket.socket, str] | None:
+    def _mine(self) -> socket.socket | None:
         bell = getattr(self._local, "bell", None)
-        # A forked child has its own bell: the parent's socket is the
-        # parent's, whoever reads it first would take the other's wake-up.
-        return bell if bell is not None and bell[0] == os.getpid() else None
+        return None if bell is None else bell[0]
 
     def own(self) -> str:
         """Return the name of this thread's bell, bound on first use."""
-        bell = self._mine()
+        bell = getattr(self._local, "bell", None)
         if bell is None:
             sock = _socket()
             name = "distlock_wait_" + secrets.token_hex(8)
             sock.bind("\0" + name)
-            bell = self._local.bell = (os.getpid(), sock, name)
-        return bell[2]
+            bell = self._local.bell = (sock, name)
+        return bell[1]
+
+    def forget(self) -> None:
+        """In a forked child: close the bell and sender the parent's thread
+        left it. Whoever read the parent's bell would take the parent's
+        wake-ups, and while the child kept it open the parent's waiter,
+        dead or alive, would look alive (:func:`rings`)."""
+        inherited = [self._mine(), self._sender]
+        self._local = threading.local()
+        self._sender = None
+        self._lock = threading.Lock()
+        for sock in inherited:
+            if sock is not None:
+                sock.close()
 
     def drain(self) -> None:
         """Drop the wake-ups this thread's bell has had so far."""
-        bell = self._mine()
-        if bell is None:
+        sock = self._mine()
+        if sock is None:
             return
-        sock = bell[1]
         sock.setblocking(False)
         try:
             while True:
@@ -90,10 +99,9 @@ class Bells:
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for this thread's bell to ring."""
-        bell = self._mine()
-        if bell is None:
+        sock = self._mine()
+        if sock is None:
             return  # no place names a bell of this thread yet: try again now
-        sock = bell[1]
         sock.settimeout(max(timeout, 0.0))
         try:
             sock.recv(1)
@@ -103,13 +111,13 @@ class Bells:
     def ring(self, names: Iterable[str]) -> None:
         """Ring the bells ``names``; a bell whose thread has gone is passed."""
         with self._lock:
-            if self._sender is None or self._sender[0] != os.getpid():
-                self._sender = (os.getpid(), _socket())
-            sender = self._sender[1]
+            if self._sender is None:
+                self._sender = _socket()
+            sender = self._sender
         for name in names:
             try:
                 sender.sendto(b"", socket.MSG_DONTWAIT, "\0" + name)
             except OSError:
-                # Refused: the waiter has gone (its place expires on its
-                # own). Full: it has wake-ups it has not read yet.
+                # Refused: the waiter has gone (statements pass its place
+                # over). Full: it has wake-ups it has not read yet.
                 pass

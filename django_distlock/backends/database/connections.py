@@ -197,6 +197,8 @@ _backends: weakref.WeakSet = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for backend in list(_backends):
         backend._forget_connections()
+        if backend._bells is not None:
+            backend._bells.forget()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
