@@ -15,6 +15,8 @@ it on the server, which the client's count does not show.
 Modes: ``floor`` (SET NX PX + EVALSHA through redis-py), ``redispy`` (redis-py's
 ``Lock``), ``sync`` and ``sync-renew`` (``with lock(name, auto_renew=...)``),
 ``afloor`` (the floor on ``redis.asyncio``), ``async`` and ``async-renew``;
+``shared`` and ``permit`` (``lock(name, shared=True)`` and ``semaphore(name,
+3)``, auto_renew off: issue 22's shared lock and semaphore on Redis);
 ``fanout`` (the raw pipelined fan-out to five nodes through redis-py's
 ``Connection``) and ``redlock`` (``with lock(name, using="quorum")``), which
 start five more redis-servers. The ratios printed are the ones issue 18 sets
@@ -42,6 +44,8 @@ MODES = [
     "afloor",
     "async",
     "async-renew",
+    "shared",
+    "permit",
     "fanout",
     "redlock",
 ]
@@ -54,6 +58,8 @@ RATIOS = [
     ("async", "afloor", 1.10),
     ("async", "sync", 1.30),
     ("redlock", "fanout", 1.25),
+    ("shared", "sync", 1.20),
+    ("permit", "sync", 1.30),
 ]
 WARMUP = 200
 
@@ -67,7 +73,7 @@ def _inner(mode: str, n: int) -> None:
     import redis
     import redis.asyncio as aredis
 
-    from django_distlock import lock
+    from django_distlock import lock, semaphore
 
     from .common import CAD_SCRIPT, TTL_MS, floor_cycle, token
 
@@ -89,6 +95,18 @@ def _inner(mode: str, n: int) -> None:
 
         def cycle():
             with lock("cg:redlock", using="quorum", auto_renew=False):
+                pass
+
+    elif mode == "shared":
+
+        def cycle():
+            with lock("cg:shared", shared=True, auto_renew=False):
+                pass
+
+    elif mode == "permit":
+
+        def cycle():
+            with semaphore("cg:permit", 3, auto_renew=False):
                 pass
 
     elif mode in ("sync", "sync-renew"):

@@ -334,6 +334,27 @@ class KindsContract:
         assert not backend.release(dead)
         assert backend.release(lease)
 
+    @pytest.mark.parametrize("kind", [SHARED, permit(3)], ids=["shared", "permit"])
+    def test_an_expired_holder_beside_the_last_live_one(self, backend, name, kind):
+        # The release of the last live holder counts the live ones only,
+        # and removes the expired one's entries with the keys; an expired
+        # holder cannot release, and a new first holder is not held up.
+        keys = SharedKeys(LockKeys(backend.key_prefix, name))
+        if kind.mode == "permit":
+            keys = SemaphoreKeys(LockKeys(backend.key_prefix, name))
+        dead = backend.acquire(name, 0.2, 0, kind)
+        live = backend.acquire(name, TTL, 0, kind)
+        time.sleep(0.3)
+        assert [h.token for h in backend.holders(name)] == [live.token]
+        assert backend.release(live)
+        assert not backend.release(dead)
+        assert backend.client.exists(*keys.five) == 0
+        again = backend.acquire(name, TTL, 0, kind)
+        assert again.fencing_token > live.fencing_token
+        assert not backend.release(dead)
+        assert backend.release(again)
+        assert backend.client.exists(*keys.five) == 0
+
     def test_listing_and_clearing_kinds(self, backend, name):
         x = backend.acquire(name, TTL, 0)
         s1 = backend.acquire(name + ":r", TTL, 0, SHARED)

@@ -219,11 +219,13 @@ class RedisKinds:
         slice_len = min(self.max_wait_slice, deadline - start)
         live_ms = ms(slice_len) + WAITER_GRACE_MS if blocking else 0
         args = [token, ms(ttl), encode_name(name), host, pid, thread, live_ms]
-        args += [keys.wake, 0, kind.limit or 0]
+        # The last: whether the token may hold or wait already (a retry).
+        args += [keys.wake, 0, kind.limit or 0, 0]
         wake = keys.wake + token
         sent = start
         try:
             code, value = yield ("eval", keys.acquire, keys.five, args)
+            args[10] = 1
             while code == 0:
                 now = time.monotonic()
                 if now >= deadline or not blocking:
@@ -255,7 +257,7 @@ class RedisKinds:
         except BaseException:
             # Interrupted after the request may have reached the server: leave
             # the queue and give back what was granted meanwhile.
-            args[6], args[8] = 0, 1
+            args[6], args[8], args[10] = 0, 1, 1
             try:
                 got, _ = yield ("eval", keys.acquire, keys.five, args)
                 if got == 1:

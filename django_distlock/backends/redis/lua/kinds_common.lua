@@ -2,14 +2,20 @@
 -- them (kinds_*.lua) when it is loaded, so every script stays one EVALSHA.
 --
 -- Holders of a shared lock or of a semaphore are a ZSET (token -> expiry,
--- server ms) beside a hash of their metadata (token -> msgpack). Expired
--- members are purged lazily, at the start of each script. Waiters use the
+-- server ms) beside a hash of their metadata (token -> msgpack), and both
+-- expire with the owner hash, with the last holder. Expired members are
+-- purged lazily, by the scripts that count holders, and are never counted:
+-- the last live holder's release deletes the keys with them. Waiters use the
 -- plain backend's queue: a list of tokens and a hash of msgpack records
 -- {deadline_ms, ttl_ms, host, pid, thread}; a waiter blocks on its own wake
 -- list "<wake prefix><token>".
 local now = redis.call('time')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-local now_us = now[1] .. string.format('%06d', now[2])
+-- The server clock in microseconds, as the string a fencing token is made of
+-- (only scripts that make a token need it).
+local function now_us()
+  return now[1] .. string.format('%06d', now[2])
+end
 -- The owner hash's 't' while shared holders hold a lock (never a token).
 local MARK = '*shared'
 
@@ -25,18 +31,28 @@ local function purge(z, m)
   return #dead
 end
 
+-- Make every key of `keys` expire at `at` (server ms), or at once if gone.
+local function expire_at(keys, at)
+  local left = at - now_ms
+  if left < 1 then
+    left = 1
+  end
+  for _, key in ipairs(keys) do
+    redis.call('pexpire', key, left)
+  end
+end
+
 -- Make every key of `keys` expire with the last holder of ZSET z.
 local function expire_with(z, keys)
   local last = redis.call('zrange', z, -1, -1, 'withscores')
   if last[2] then
-    local left = tonumber(last[2]) - now_ms
-    if left < 1 then
-      left = 1
-    end
-    for _, key in ipairs(keys) do
-      redis.call('pexpire', key, left)
-    end
+    expire_at(keys, tonumber(last[2]))
   end
+end
+
+-- The live holders of ZSET z (an expired one is not purged here).
+local function live_count(z)
+  return redis.call('zcount', z, '(' .. now_ms, '+inf')
 end
 
 -- Return the live record of waiter w (nil if gone or expired: then dropped).

@@ -8,14 +8,26 @@
 -- Returns 0: ARGV[1] holds no permit (expired or cleared): nothing done.
 --         1: released.
 --         2: released, and permits granted to waiters.
-purge(KEYS[4], KEYS[5])
-if redis.call('zrem', KEYS[4], ARGV[1]) == 0 then
+local score = redis.call('zscore', KEYS[4], ARGV[1])
+if not score then
   return 0
 end
+if tonumber(score) <= now_ms then
+  purge(KEYS[4], KEYS[5])  -- it expired: gone with the others expired
+  return 0
+end
+if not redis.call('lindex', KEYS[2], 0) and live_count(KEYS[4]) == 1 then
+  -- The last permit, nobody waiting (expired permits go with the keys).
+  redis.call('del', KEYS[1], KEYS[4], KEYS[5])
+  return 1
+end
+redis.call('zrem', KEYS[4], ARGV[1])
 redis.call('hdel', KEYS[5], ARGV[1])
+purge(KEYS[4], KEYS[5])
 local count = redis.call('zcard', KEYS[4])
-local limit = tonumber(redis.call('hget', KEYS[1], 'l')) or 0
-local last = tonumber(redis.call('hget', KEYS[1], 'f')) or 0
+local sem = redis.call('hmget', KEYS[1], 'l', 'f')
+local limit = tonumber(sem[1]) or 0
+local last = tonumber(sem[2]) or 0
 local handed = 0
 while count < limit do
   local w = redis.call('lpop', KEYS[2])
@@ -25,7 +37,7 @@ while count < limit do
   local r = live_record(KEYS[3], w)
   if r then
     redis.call('hdel', KEYS[3], w)
-    local fence = tonumber(now_us)
+    local fence = now[1] * 1000000 + now[2]
     if fence <= last then
       fence = last + 1
     end

@@ -10,6 +10,8 @@
 -- ARGV[7] 0 to try once, else ms the caller's waiter record lives
 -- ARGV[8] prefix of the wake lists  ARGV[9] '1': the caller gives up waiting
 -- (leave the queue first; a lease already given to it is kept)
+-- ARGV[10] (the semaphore's limit: unused)  ARGV[11] '1' if the caller may
+-- hold or wait already (not its first call): only then is that looked for
 --
 -- Returns {1, fence}: held (also when already granted to ARGV[1]: a retry
 --                     is harmless). The fence is the lock's current one.
@@ -21,41 +23,59 @@
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local live = tonumber(ARGV[7])
+local again = ARGV[11] == '1'
 if ARGV[9] == '1' then
   leave(KEYS[2], KEYS[3], ARGV[8], token)
 end
-purge(KEYS[4], KEYS[5])
 local lease = redis.call('hmget', KEYS[1], 't', 'f')
 local holder = lease[1]
 local fence = lease[2]
+local opened = holder ~= MARK
+-- The holders' keys expire with the lease hash, and only a MARK in it
+-- leaves holders alive.
+if not opened then
+  purge(KEYS[4], KEYS[5])
+end
+-- The latest expiry of a holder granted here.
+local latest = 0
 
 local function grant(w, r)
-  redis.call('zadd', KEYS[4], now_ms + r[2], w)
+  local expires = now_ms + r[2]
+  if expires > latest then
+    latest = expires
+  end
+  redis.call('zadd', KEYS[4], expires, w)
   redis.call('hset', KEYS[5], w, cmsgpack.pack({r[3], r[4], r[5], now_ms}))
 end
 
 local function open()
   if holder ~= MARK then
     -- Free, or handed to this caller by an exclusive release.
-    fence = fence or now_us
-    redis.call('del', KEYS[1])
+    fence = fence or now_us()
+    if holder or lease[2] then
+      redis.call('del', KEYS[1])
+    end
     redis.call('hset', KEYS[1], 't', MARK, 'f', fence, 'n', ARGV[3])
     holder = MARK
   end
 end
 
 local me = {0, ttl, ARGV[4], ARGV[5], ARGV[6]}
+local have = false
 if holder == token then
   open()
   grant(token, me)
+  have = true
 elseif holder == MARK then
-  if redis.call('zscore', KEYS[4], token) then
+  if again and redis.call('zscore', KEYS[4], token) then
     return {1, fence}
   end
   if redis.call('zcard', KEYS[4]) == 0 then
     redis.call('del', KEYS[1])
     holder = nil
     fence = nil
+    lease[2] = nil
+    opened = true
   end
 end
 if holder and holder ~= MARK then
@@ -67,7 +87,7 @@ end
 
 -- Free or shared: serve the shared waiters at the head of the queue, up to
 -- the first live exclusive waiter.
-local mine = redis.call('zscore', KEYS[4], token) ~= false
+local mine = have
 local granted = {}
 local writer = nil
 while true do
@@ -99,10 +119,10 @@ if not holder and writer and not mine and #granted == 0 then
   local w, r = writer[1], writer[2]
   redis.call('lpop', KEYS[2])
   redis.call('hdel', KEYS[3], w)
-  redis.call('hset', KEYS[1], 't', w, 'f', now_us, 'n', ARGV[3], 'h', r[3],
+  redis.call('hset', KEYS[1], 't', w, 'f', now_us(), 'n', ARGV[3], 'h', r[3],
              'p', r[4], 'th', r[5], 'a', tostring(now_ms))
   redis.call('pexpire', KEYS[1], r[2])
-  wake(ARGV[8], w, r, now_us)
+  wake(ARGV[8], w, r, now_us())
   if live > 0 then
     enqueue(KEYS[2], KEYS[3], token, live, ttl, ARGV[4], ARGV[5], ARGV[6])
   end
@@ -115,11 +135,16 @@ for _, g in ipairs(granted) do
   grant(g[1], g[2])
   wake(ARGV[8], g[1], g[2], 's' .. fence)
 end
-if mine and not redis.call('zscore', KEYS[4], token) then
+if mine and not have then
   grant(token, me)
 end
 if holder == MARK then
-  expire_with(KEYS[4], {KEYS[1], KEYS[4], KEYS[5]})
+  if opened then
+    -- Every holder was granted here: the latest of them is the last.
+    expire_at({KEYS[1], KEYS[4], KEYS[5]}, latest)
+  else
+    expire_with(KEYS[4], {KEYS[1], KEYS[4], KEYS[5]})
+  end
 end
 if mine then
   return {1, fence}

@@ -10,19 +10,31 @@
 -- Returns 0: ARGV[1] holds no shared lease (expired or cleared): nothing done.
 --         1: released.
 --         2: released, and the lock handed to waiters.
-purge(KEYS[4], KEYS[5])
-if redis.call('hget', KEYS[1], 't') ~= MARK then
+local lease = redis.call('hmget', KEYS[1], 't', 'f')
+if lease[1] ~= MARK then
   return 0
 end
-if redis.call('zrem', KEYS[4], ARGV[1]) == 0 then
+local score = redis.call('zscore', KEYS[4], ARGV[1])
+if not score then
   return 0
 end
+if tonumber(score) <= now_ms then
+  purge(KEYS[4], KEYS[5])  -- it expired: gone with the others expired
+  return 0
+end
+if not redis.call('lindex', KEYS[2], 0) and live_count(KEYS[4]) == 1 then
+  -- The last holder, nobody waiting (expired holders go with the keys).
+  redis.call('del', KEYS[1], KEYS[4], KEYS[5])
+  return 1
+end
+redis.call('zrem', KEYS[4], ARGV[1])
 redis.call('hdel', KEYS[5], ARGV[1])
+purge(KEYS[4], KEYS[5])
 if redis.call('zcard', KEYS[4]) > 0 then
   expire_with(KEYS[4], {KEYS[1], KEYS[4], KEYS[5]})
   return 1
 end
-local fence = redis.call('hget', KEYS[1], 'f')
+local fence = lease[2]
 local shared = 0
 while true do
   local w = redis.call('lindex', KEYS[2], 0)
@@ -37,10 +49,10 @@ while true do
     redis.call('lpop', KEYS[2])
     redis.call('hdel', KEYS[3], w)
     redis.call('del', KEYS[4], KEYS[5])
-    redis.call('hset', KEYS[1], 't', w, 'f', now_us, 'h', r[3], 'p', r[4],
+    redis.call('hset', KEYS[1], 't', w, 'f', now_us(), 'h', r[3], 'p', r[4],
                'th', r[5], 'a', tostring(now_ms))
     redis.call('pexpire', KEYS[1], r[2])
-    wake(ARGV[2], w, r, now_us)
+    wake(ARGV[2], w, r, now_us())
     return 2
   end
   redis.call('lpop', KEYS[2])
