@@ -25,6 +25,7 @@ from django_distlock import locks
 from django_distlock.backends.database import (
     DatabaseLockBackend,
     bells,
+    shares,
     waiting,
 )
 from django_distlock.backends.kinds import EXCLUSIVE, SHARED, permit
@@ -472,6 +473,10 @@ def waking(request, monkeypatch) -> DatabaseLockBackend:
     else:
         request.getfixturevalue(f"{alias}_available")
     monkeypatch.setattr(waiting, "NOTIFY_SAFETY_WAIT", 60.0)
+    # And their places in the queue outlive the sleep: a place renewed only
+    # every minute would expire after its 2 s, and a release would pass over
+    # a waiter that had queued more than 2 s before (a loaded machine).
+    monkeypatch.setattr(shares, "WAITER_TTL", 240.0)
     options = {"DATABASE": alias}
     setting = {"default": {"BACKEND": BACKEND, "TTL": 60, "OPTIONS": options}}
     with override_settings(LOCKS=setting):
@@ -605,9 +610,9 @@ class TestWakes:
             got.append(waking.acquire(name, 60, 120, two))
 
         waiters = [threading.Thread(target=wait) for _ in range(2)]
-        for thread in waiters:
-            thread.start()
-            _wait_for(lambda: len(_rows(waking, kind="queued")) == len(got) + 1)
+        for queued, thread in enumerate(waiters, 1):
+            thread.start()  # and queues behind the ones before it
+            _wait_for(lambda n=queued: len(_rows(waking, kind="queued")) == n)
         try:
             _wait_for(_dozing(waking, 2))
             assert [waking.release(lease) for lease in holders] == [True, True]
