@@ -50,6 +50,17 @@ local function expire_with(z, keys)
   end
 end
 
+-- Whether `token` is a live holder in ZSET z; if it expired, it is purged
+-- with the other expired holders (their metadata in hash m).
+local function holds(z, m, token)
+  local score = redis.call('zscore', z, token)
+  if score and tonumber(score) <= now_ms then
+    purge(z, m)
+    return false
+  end
+  return score ~= false
+end
+
 -- The live holders of ZSET z (an expired one is not purged here).
 local function live_count(z)
   return redis.call('zcount', z, '(' .. now_ms, '+inf')

@@ -8,12 +8,7 @@
 -- Returns 0: ARGV[1] holds no permit (expired or cleared): nothing done.
 --         1: released.
 --         2: released, and permits granted to waiters.
-local score = redis.call('zscore', KEYS[4], ARGV[1])
-if not score then
-  return 0
-end
-if tonumber(score) <= now_ms then
-  purge(KEYS[4], KEYS[5])  -- it expired: gone with the others expired
+if not holds(KEYS[4], KEYS[5], ARGV[1]) then
   return 0
 end
 if not redis.call('lindex', KEYS[2], 0) and live_count(KEYS[4]) == 1 then

@@ -14,12 +14,7 @@ local lease = redis.call('hmget', KEYS[1], 't', 'f')
 if lease[1] ~= MARK then
   return 0
 end
-local score = redis.call('zscore', KEYS[4], ARGV[1])
-if not score then
-  return 0
-end
-if tonumber(score) <= now_ms then
-  purge(KEYS[4], KEYS[5])  -- it expired: gone with the others expired
+if not holds(KEYS[4], KEYS[5], ARGV[1]) then
   return 0
 end
 if not redis.call('lindex', KEYS[2], 0) and live_count(KEYS[4]) == 1 then
