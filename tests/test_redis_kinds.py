@@ -31,6 +31,7 @@ from django_distlock.backends.redis.sharing import (
     SHARED_RELEASE,
     SemaphoreKeys,
     SharedKeys,
+    holder_keys,
 )
 
 from . import kinds_workers
@@ -339,9 +340,7 @@ class KindsContract:
         # The release of the last live holder counts the live ones only,
         # and removes the expired one's entries with the keys; an expired
         # holder cannot release, and a new first holder is not held up.
-        keys = SharedKeys(LockKeys(backend.key_prefix, name))
-        if kind.mode == "permit":
-            keys = SemaphoreKeys(LockKeys(backend.key_prefix, name))
+        keys = holder_keys(LockKeys(backend.key_prefix, name), kind)
         dead = backend.acquire(name, 0.2, 0, kind)
         live = backend.acquire(name, TTL, 0, kind)
         time.sleep(0.3)

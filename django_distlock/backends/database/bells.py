@@ -9,7 +9,7 @@ empty datagram once it has committed. A datagram sent between a waiter's
 attempt and its wait stays in the socket's buffer, so no wake-up is lost;
 one left over from an earlier wait only costs an extra attempt. A bell
 that nobody has bound any more (:func:`rings`) tells that its waiter has
-gone: SQL asks through a function of the connection (``distlock_bell_rings``).
+gone: SQL asks through a function of the connection (:data:`SQL_FUNCTION`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import sys
 import threading
 from collections.abc import Iterable
 
-__all__ = ["AVAILABLE", "Bells", "rings"]
+__all__ = ["AVAILABLE", "SQL_FUNCTION", "Bells", "rings"]
 
 #: Whether this platform has Linux's abstract socket namespace.
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "AF_UNIX")
+#: The name under which the backend's SQLite connections know :func:`rings`.
+SQL_FUNCTION = "distlock_bell_rings"
 
 
 def _socket() -> socket.socket:

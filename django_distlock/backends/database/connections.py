@@ -278,8 +278,8 @@ class ConnectionsMixin:
             # bells (an in-memory database is polled by its one process).
             if dialect.vendor == "sqlite" and bells.AVAILABLE and not self._in_memory:
                 self._bells = bells.Bells()
-                self._functions = (("distlock_bell_rings", 1, bells.rings),)
-                dialect.ring_bells()
+                self._functions = ((bells.SQL_FUNCTION, 1, bells.rings),)
+                dialect.ring_bells(bells.SQL_FUNCTION)
             self._rings = None if dialect.vendor == "mysql" else self._bells is not None
             self._dialect = dialect
             self._sql = dialect.build(table, wrapper.ops.quote_name(SHARES))

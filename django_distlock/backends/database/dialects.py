@@ -397,11 +397,11 @@ class SQLiteDialect(Dialect):
     def prepare(self, sql: str) -> str:
         return sql.replace("%s", "?").replace("%%", "%")
 
-    def ring_bells(self) -> None:
+    def ring_bells(self, function: str) -> None:
         """Pass over the places whose bell nobody has bound any more: their
-        waiters have gone (the function ``distlock_bell_rings``, which each
-        connection of the backend is given; see bells.py)."""
-        self.waiter_alive = " AND (channel IS NULL OR distlock_bell_rings(channel))"
+        waiters have gone (SQL ``function``, which each connection of the
+        backend is given; see bells.py)."""
+        self.waiter_alive = f" AND (channel IS NULL OR {function}(channel))"
 
     def extend_sql(self, sql: dict[str, str]) -> None:
         # The bells (see bells.py) of the first waiters in line, as many as

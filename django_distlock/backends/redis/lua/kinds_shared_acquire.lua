@@ -30,13 +30,14 @@ end
 local lease = redis.call('hmget', KEYS[1], 't', 'f')
 local holder = lease[1]
 local fence = lease[2]
-local opened = holder ~= MARK
 -- The holders' keys expire with the lease hash, and only a MARK in it
 -- leaves holders alive.
-if not opened then
+if holder == MARK then
   purge(KEYS[4], KEYS[5])
 end
--- The latest expiry of a holder granted here.
+-- Whether this call opened the lock to shared holders, and the latest
+-- expiry of a holder it granted.
+local opened = false
 local latest = 0
 
 local function grant(w, r)
@@ -51,12 +52,13 @@ end
 local function open()
   if holder ~= MARK then
     -- Free, or handed to this caller by an exclusive release.
-    fence = fence or now_us()
-    if holder or lease[2] then
+    if holder or fence then
       redis.call('del', KEYS[1])
     end
+    fence = fence or now_us()
     redis.call('hset', KEYS[1], 't', MARK, 'f', fence, 'n', ARGV[3])
     holder = MARK
+    opened = true
   end
 end
 
@@ -74,8 +76,6 @@ elseif holder == MARK then
     redis.call('del', KEYS[1])
     holder = nil
     fence = nil
-    lease[2] = nil
-    opened = true
   end
 end
 if holder and holder ~= MARK then
