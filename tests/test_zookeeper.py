@@ -58,7 +58,14 @@ def zk_settings(zookeeper):
 
 
 class TestZooKeeperContract(LockBackendContract):
-    """The shared backend contract on ZooKeeper."""
+    """The shared backend contract on ZooKeeper.
+
+    A renewal is a write that ZooKeeper syncs to its transaction log before
+    it answers: on a loaded host it needs the slack a database commit needs
+    (see ``DatabaseContract``).
+    """
+
+    renew_ttl = 2.0
 
     @pytest.fixture
     def locks_setting(self, zookeeper):
