@@ -58,14 +58,7 @@ def zk_settings(zookeeper):
 
 
 class TestZooKeeperContract(LockBackendContract):
-    """The shared backend contract on ZooKeeper.
-
-    A renewal is a write that ZooKeeper syncs to its transaction log before
-    it answers: on a loaded host it needs the slack a database commit needs
-    (see ``DatabaseContract``).
-    """
-
-    renew_ttl = 2.0
+    """The shared backend contract on ZooKeeper."""
 
     @pytest.fixture
     def locks_setting(self, zookeeper):
@@ -143,6 +136,39 @@ class TestZooKeeperRecipe:
             renewer.join(30)
         assert all(checks)
         assert backend.release(lease)
+
+    @pytest.mark.parametrize("call", ["release", "extend"])
+    def test_a_call_during_a_renewal_keeps_the_lease(
+        self, zk_settings, monkeypatch, call
+    ):
+        # The renewal's write lands on the server, and its answer is slow to
+        # be read: a release or an extend() meanwhile must not send the
+        # version that write made stale (and find the lease "gone").
+        backend = locks["default"]
+        lease = backend.acquire(f"renewing:{uuid.uuid4().hex}", 30, 0)
+        client = backend.client
+        landed = threading.Event()
+        set_node = client.set
+
+        def slow_set(*args, **kwargs):
+            stat = set_node(*args, **kwargs)
+            landed.set()
+            time.sleep(0.3)
+            return stat
+
+        monkeypatch.setattr(client, "set", slow_set)
+        renewal = threading.Thread(target=lambda: backend.renew([lease]))
+        renewal.start()
+        try:
+            assert landed.wait(30)
+            assert getattr(backend, call)(lease, *([30] if call == "extend" else []))
+        finally:
+            renewal.join(30)
+        monkeypatch.undo()
+        if call == "extend":
+            assert backend.is_held(lease)
+            assert backend.release(lease)
+        assert client.exists(lease.state.path) is None
 
     def test_fencing_survives_lock_node_deletion(self, zk_settings):
         name = f"czxid:{uuid.uuid4().hex}"

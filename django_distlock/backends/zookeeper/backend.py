@@ -185,8 +185,9 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
             self._leases.discard(lease)
             node = lease.state
             try:
-                if node.session == client.client_id[0]:
-                    client.delete(node.path, version=node.version)
+                with node.writing:
+                    if node.session == client.client_id[0]:
+                        client.delete(node.path, version=node.version)
             except KazooException:
                 pass  # gone already, or the link dropped again: ttl ends it
 
@@ -318,8 +319,8 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
 
         node = self._node(lease)
         self._leases.discard(lease)
-        alive = lease.remaining() > 0 and not lease.lost
-        with self._guard("release"):
+        with node.writing, self._guard("release"):
+            alive = lease.remaining() > 0 and not lease.lost
             try:
                 self.client.delete(node.path, version=node.version)
             except (NoNodeError, BadVersionError):
@@ -331,7 +332,7 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
 
         node = self._node(lease)
         client = self.client
-        with self._guard("extend"):
+        with node.writing, self._guard("extend"):
             if lease.remaining() <= 0 or node.session != client.client_id[0]:
                 # Expired (as seen from here, which errs early) or its
                 # session is gone: let the next waiter in.
@@ -349,8 +350,8 @@ class ZooKeeperLockBackend(ZooKeeperListing, BaseLockBackend):
                 )
             except (NoNodeError, BadVersionError):
                 return False
-        node.version = stat.version
-        lease.deadline = sent + ttl
+            node.version = stat.version
+            lease.deadline = sent + ttl
         return True
 
     def is_held(self, lease: Lease) -> bool:

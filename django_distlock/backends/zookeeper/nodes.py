@@ -9,9 +9,10 @@ Permits live in a tree of their own, so their nodes need no mark.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...keys import decode_name, encode_name
 from ..base import holder_identity
@@ -39,12 +40,21 @@ MAX_STORED_NAME = 512 * 1024
 
 @dataclass
 class ZkNode:
-    """Where a lease lives: its node, last known version and session."""
+    """Where a lease lives: its node, last known version and session.
+
+    Only the holder writes its node once it holds, but from two threads: the
+    renewal and the caller's ``release()`` or ``extend()``. Each takes
+    ``writing`` around its write, so none sends a version that another's
+    write, landed but not yet answered, has made stale.
+    """
 
     path: str
     version: int
     session: int
     acquired_ms: int = 0
+    writing: threading.Lock = field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
 
 
 @dataclass
