@@ -540,6 +540,41 @@ def test_statements_prepared_unless_a_pooler_is_declared():
     assert not _can_prepare(connections["mysql"])
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def test_a_prepared_name_taken_by_another_statement_is_noticed(caplog):
+    """Behind a transaction pooler, the name of a statement this connection
+    prepared may stand, on the next server session, for another client's
+    statement with a different number of parameters (a protocol violation
+    at Bind). The backend stops preparing and the call still succeeds."""
+    name = f"prepared:{uuid.uuid4().hex}"
+    with override_settings(LOCKS=db_locks("postgres")):
+        try:
+            backend = locks["default"]
+            with lock(name):
+                pass
+            raw = backend._connection().wrapper.connection
+            names = [
+                row[0]
+                for row in raw.execute(
+                    "SELECT name FROM pg_prepared_statements WHERE statement "
+                    "LIKE 'UPDATE%token = $1%'"
+                )
+            ]
+            assert names  # the acquisition's UPDATE, prepared
+            # What another client left under that name on this server session.
+            raw.execute(f'DEALLOCATE "{names[0]}"')
+            raw.execute(
+                f'PREPARE "{names[0]}" (text, text, text, text, text, text, text, '
+                "text) AS SELECT 1"
+            )
+            with lock(name, timeout=0) as held:
+                assert held.fencing_token
+        finally:
+            locks.reset()
+    assert "DISABLE_SERVER_SIDE_CURSORS = True" in caplog.text
+
+
 def test_check_sqlite_atomic_requests():
     from django.conf import settings
 

@@ -29,6 +29,9 @@ MYSQL_RETRY_CODES = {1205, 1213}
 #: exists on, the server connection: what a transaction pooler (PgBouncer)
 #: that moves a session between server connections causes.
 LOST_PREPARED_SQLSTATES = {"26000", "42P05"}
+#: The same cause when the name exists there as another client's statement
+#: with a different number of parameters: a protocol violation at Bind.
+PROTOCOL_VIOLATION = "08P01"
 
 logger = logging.getLogger("django_distlock.database")
 
@@ -379,7 +382,10 @@ class ConnectionsMixin:
 
     @staticmethod
     def _lost_prepared(exc: Exception) -> bool:
-        return getattr(exc, "sqlstate", None) in LOST_PREPARED_SQLSTATES
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in LOST_PREPARED_SQLSTATES:
+            return True
+        return sqlstate == PROTOCOL_VIOLATION and "prepared statement" in str(exc)
 
     def _stop_preparing(self, conn: _Connection) -> None:
         """Stop preparing statements: a transaction pooler sits in between.
