@@ -542,6 +542,24 @@ def test_statements_prepared_unless_a_pooler_is_declared():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def test_a_direct_connection_prepares_its_statements(caplog):
+    """Connected to the server itself (the process id it was given is its
+    session's), the backend prepares its statements."""
+    with override_settings(LOCKS=db_locks("postgres")):
+        try:
+            backend = locks["default"]
+            with lock(f"direct:{uuid.uuid4().hex}"):
+                pass
+            raw = backend._connection().wrapper.connection
+            count = raw.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert backend._prepared and count.fetchone()[0] > 0
+        finally:
+            locks.reset()
+    assert "pooler" not in caplog.text
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 def test_a_prepared_name_taken_by_another_statement_is_noticed(caplog):
     """Behind a transaction pooler, the name of a statement this connection
     prepared may stand, on the next server session, for another client's

@@ -179,6 +179,25 @@ def test_prepared_statements_fall_back_without_the_pooler_setting(pgbouncer, cap
     assert "DISABLE_SERVER_SIDE_CURSORS = True" in caplog.text
 
 
+def test_the_pooler_is_recognised_before_any_statement_is_prepared(pgbouncer, caplog):
+    """PgBouncer answers the connection with a process id of its own making:
+    the backend sees that it is not the server session's, and prepares
+    nothing (psycopg's names for prepared statements, ``_pg3_<n>``, could
+    stand for other clients' statements on the next server session)."""
+    entry = connections["pgbouncer"].settings_dict
+    with mock.patch.dict(entry, {"DISABLE_SERVER_SIDE_CURSORS": False}):
+        with override_settings(LOCKS=db_locks("pgbouncer")):
+            try:
+                with lock("recognised") as held:
+                    assert held.fencing_token
+                assert not locks["default"]._prepared
+            finally:
+                locks.reset()
+    assert "a pooler answers for the server" in caplog.text
+    assert "vanish" not in caplog.text  # noticed up front, not by an error
+    assert "DISABLE_SERVER_SIDE_CURSORS = True" in caplog.text
+
+
 def notify_locks(database: str) -> dict:
     setting = db_locks(database)
     setting["default"]["OPTIONS"]["WAIT"] = "notify"

@@ -33,6 +33,10 @@ LOST_PREPARED_SQLSTATES = {"26000", "42P05"}
 #: with a different number of parameters: a protocol violation at Bind.
 PROTOCOL_VIOLATION = "08P01"
 
+#: Why the backend stops preparing statements (see _stop_preparing).
+POOLER_ANSWERS = "a pooler answers for the server"
+PREPARED_LOST = "prepared statements vanish between transactions"
+
 logger = logging.getLogger("django_distlock.database")
 
 
@@ -84,17 +88,18 @@ class _Connection:
         """Return the driver's own cursor (no Django wrapping on the hot path)."""
         if self._cursor is None or self.wrapper.connection is None:
             self.wrapper.ensure_connection()
+            raw = self.wrapper.connection
+            if self.prepared and _answered_by_a_pooler(raw):
+                self.prepared = False
             if self.prepared:
                 import psycopg
 
                 # Server-side binding, whatever Django's cursor_factory is;
                 # Django sets prepare_threshold=None, which would ignore
                 # prepare=True.
-                raw = self.wrapper.connection
                 raw.prepare_threshold = 5
                 self._cursor = psycopg.Cursor(raw)
             else:
-                raw = self.wrapper.connection
                 for name, arity, function in self.functions:
                     raw.create_function(name, arity, function)
                 self._cursor = raw.cursor()
@@ -160,6 +165,22 @@ def _can_prepare(wrapper: Any) -> bool:
     ):
         return False
     return getattr(wrapper.Database, "__name__", "") == "psycopg"
+
+
+def _answered_by_a_pooler(raw: Any) -> bool:
+    """Return True if a pooler, not the server, answered PostgreSQL
+    connection ``raw``.
+
+    A server gives each connection the process id of its session (with the
+    cancel key). A pooler that hands a client one server session after
+    another has no such id to give, so it makes one up, and the session's
+    own ``pg_backend_pid()`` differs from it. psycopg names its prepared
+    statements by each connection's order of first use: behind such a
+    pooler a name can stand, on the next session, for another client's
+    statement, and one with as many parameters would run in place of ours.
+    """
+    (pid,) = raw.execute("SELECT pg_backend_pid()").fetchone()
+    return pid != raw.info.backend_pid
 
 
 def driver_without_notifies(connection: Any) -> str | None:
@@ -366,10 +387,14 @@ class ConnectionsMixin:
             conn = self._connection()
             conn.busy.acquire()
             try:
-                return func(conn.cursor(), *args)
+                cursor = conn.cursor()
+                if self._prepared and not conn.prepared:
+                    self._stop_preparing(POOLER_ANSWERS)
+                return func(cursor, *args)
             except conn.errors as e:
                 if attempt == 1 and self._lost_prepared(e):
-                    self._stop_preparing(conn)
+                    self._stop_preparing(PREPARED_LOST)
+                    conn.reset()
                     continue
                 if attempt == 1 and self._worth_retrying(conn, e):
                     continue
@@ -387,26 +412,25 @@ class ConnectionsMixin:
             return True
         return sqlstate == PROTOCOL_VIOLATION and "prepared statement" in str(exc)
 
-    def _stop_preparing(self, conn: _Connection) -> None:
-        """Stop preparing statements: a transaction pooler sits in between.
+    def _stop_preparing(self, why: str) -> None:
+        """Stop preparing statements: a pooler sits in between (``why``).
 
-        Every connection of the backend reconnects without them (the failed
-        statement is tried again, on a fresh connection).
+        Every connection of the backend opened from now on goes without them.
         """
         if self._prepared:
             self._prepared = False
             logger.warning(
-                "Database lock backend %r: prepared statements vanish between "
-                "transactions on database %r, as behind a transaction pooler "
-                "(PgBouncer with pool_mode = transaction); the backend stops "
-                "preparing them. Set DISABLE_SERVER_SIDE_CURSORS = True on that "
-                "DATABASES entry, as Django asks for such a pooler.",
+                "Database lock backend %r: %s on database %r, as behind a "
+                "transaction pooler (PgBouncer with pool_mode = transaction); "
+                "the backend stops preparing statements. Set "
+                "DISABLE_SERVER_SIDE_CURSORS = True on that DATABASES entry, as "
+                "Django asks for such a pooler.",
                 self.alias,
+                why,
                 self.database,
             )
         for other in list(self._connections):
             other.prepared = False
-        conn.reset()
 
     def _worth_retrying(self, conn: _Connection, exc: Exception) -> bool:
         code = exc.args[0] if exc.args else None
