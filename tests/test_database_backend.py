@@ -553,6 +553,7 @@ def test_a_direct_connection_prepares_its_statements(caplog):
             raw = backend._connection().wrapper.connection
             count = raw.execute("SELECT count(*) FROM pg_prepared_statements")
             assert backend._prepared and count.fetchone()[0] > 0
+            assert backend.hands_over
         finally:
             locks.reset()
     assert "pooler" not in caplog.text

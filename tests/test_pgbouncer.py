@@ -181,16 +181,20 @@ def test_prepared_statements_fall_back_without_the_pooler_setting(pgbouncer, cap
 
 def test_the_pooler_is_recognised_before_any_statement_is_prepared(pgbouncer, caplog):
     """PgBouncer answers the connection with a process id of its own making:
-    the backend sees that it is not the server session's, and prepares
-    nothing (psycopg's names for prepared statements, ``_pg3_<n>``, could
-    stand for other clients' statements on the next server session)."""
+    the backend sees that it is not the server session's, and leaves out
+    what belongs to a server session. psycopg's names for prepared
+    statements (``_pg3_<n>``) could stand for other clients' statements on
+    the next server session; a LISTEN stays with a session that serves
+    other clients."""
     entry = connections["pgbouncer"].settings_dict
     with mock.patch.dict(entry, {"DISABLE_SERVER_SIDE_CURSORS": False}):
         with override_settings(LOCKS=db_locks("pgbouncer")):
             try:
                 with lock("recognised") as held:
                     assert held.fencing_token
-                assert not locks["default"]._prepared
+                backend = locks["default"]
+                # As with the setting: no prepared statements, no LISTEN.
+                assert not backend._prepared and not backend.hands_over
             finally:
                 locks.reset()
     assert "a pooler answers for the server" in caplog.text

@@ -33,7 +33,7 @@ LOST_PREPARED_SQLSTATES = {"26000", "42P05"}
 #: with a different number of parameters: a protocol violation at Bind.
 PROTOCOL_VIOLATION = "08P01"
 
-#: Why the backend stops preparing statements (see _stop_preparing).
+#: How the backend finds a pooler in between (see _behind_a_pooler).
 POOLER_ANSWERS = "a pooler answers for the server"
 PREPARED_LOST = "prepared statements vanish between transactions"
 
@@ -389,11 +389,11 @@ class ConnectionsMixin:
             try:
                 cursor = conn.cursor()
                 if self._prepared and not conn.prepared:
-                    self._stop_preparing(POOLER_ANSWERS)
+                    self._behind_a_pooler(POOLER_ANSWERS)
                 return func(cursor, *args)
             except conn.errors as e:
                 if attempt == 1 and self._lost_prepared(e):
-                    self._stop_preparing(PREPARED_LOST)
+                    self._behind_a_pooler(PREPARED_LOST)
                     conn.reset()
                     continue
                 if attempt == 1 and self._worth_retrying(conn, e):
@@ -412,19 +412,23 @@ class ConnectionsMixin:
             return True
         return sqlstate == PROTOCOL_VIOLATION and "prepared statement" in str(exc)
 
-    def _stop_preparing(self, why: str) -> None:
-        """Stop preparing statements: a pooler sits in between (``why``).
+    def _behind_a_pooler(self, why: str) -> None:
+        """Leave out what belongs to a server session, as with
+        ``DISABLE_SERVER_SIDE_CURSORS``: a pooler sits in between (``why``).
 
-        Every connection of the backend opened from now on goes without them.
+        Connections opened from now on prepare nothing, and waits that begin
+        from now on poll instead of listening.
         """
         if self._prepared:
             self._prepared = False
+            self._pooled = True
+            self._handover = False
             logger.warning(
                 "Database lock backend %r: %s on database %r, as behind a "
                 "transaction pooler (PgBouncer with pool_mode = transaction); "
-                "the backend stops preparing statements. Set "
-                "DISABLE_SERVER_SIDE_CURSORS = True on that DATABASES entry, as "
-                "Django asks for such a pooler.",
+                "the backend stops preparing statements and waiters poll "
+                "instead of listening. Set DISABLE_SERVER_SIDE_CURSORS = True "
+                "on that DATABASES entry, as Django asks for such a pooler.",
                 self.alias,
                 why,
                 self.database,
