@@ -20,7 +20,7 @@ import pytest
 from django.db import connections
 from django.test import override_settings
 
-from django_distlock import lock, locks
+from django_distlock import lock, locks, semaphore
 
 from .contract import DatabaseContract
 from .servers import free_port, unavailable, wait_listening
@@ -200,6 +200,33 @@ def test_the_pooler_is_recognised_before_any_statement_is_prepared(pgbouncer, ca
     assert "a pooler answers for the server" in caplog.text
     assert "vanish" not in caplog.text  # noticed up front, not by an error
     assert "DISABLE_SERVER_SIDE_CURSORS = True" in caplog.text
+
+
+def test_a_permit_waiter_is_served_behind_a_pooler_found_on_its_own(pgbouncer):
+    """Without the setting, a permit waiter behind the pooler polls once the
+    backend has found the pooler: it gets the permit a release frees."""
+    entry = connections["pgbouncer"].settings_dict
+    got = threading.Event()
+    with mock.patch.dict(entry, {"DISABLE_SERVER_SIDE_CURSORS": False}):
+        with override_settings(LOCKS=db_locks("pgbouncer")):
+            try:
+                holder = semaphore("permit-behind", 1)
+                assert holder.acquire(timeout=0)
+                assert not locks["default"].hands_over
+
+                def waiter() -> None:
+                    with semaphore("permit-behind", 1, timeout=20):
+                        got.set()
+
+                thread = threading.Thread(target=waiter)
+                thread.start()
+                time.sleep(0.3)
+                assert not got.is_set()
+                holder.release()
+                thread.join(30)
+                assert got.is_set()
+            finally:
+                locks.reset()
 
 
 def notify_locks(database: str) -> dict:

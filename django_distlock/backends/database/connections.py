@@ -54,6 +54,9 @@ def _close_raw(wrapper: Any, pid: int) -> None:
 class _Connection:
     """One thread's private connection to the lock database."""
 
+    #: Whether its statements are prepared (PostgreSQL, psycopg 3).
+    prepared = False
+
     def __init__(self, wrapper: Any, prepared: bool = False, functions: tuple = ()):
         self.wrapper = wrapper
         self.pid = os.getpid()
