@@ -26,18 +26,26 @@ from .servers import RedisServer, free_port, port_open, unavailable
 __all__ = [
     "RedisCluster",
     "SentinelSetup",
+    "ServerExited",
     "ZooKeeperEnsemble",
     "ZooKeeperServer",
     "wait_until",
 ]
 
 
+class ServerExited(RuntimeError):
+    """A server process ended while a test waited for it to answer."""
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``predicate`` until it returns a truthy value; raise on timeout."""
+    """Poll ``predicate`` until it returns a truthy value; raise on timeout,
+    or at once if it raises :class:`ServerExited`."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             value = predicate()
+        except ServerExited:
+            raise
         except Exception:  # noqa: BLE001 - a server still starting
             value = None
         if value:
@@ -282,6 +290,21 @@ class ZooKeeperServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> ZooKeeperServer:
+        """Start it (again, after :meth:`kill`: on the same port)."""
+        # A first start of a standalone server may move to another port: one
+        # that was free when drawn can be taken before the server binds it.
+        tries = 3 if self.myid is None and self.proc is None else 1
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start()
+            except ServerExited:
+                if attempt == tries:
+                    raise
+                self.port = free_port()
+                self.dir = tempfile.mkdtemp(prefix="distlock-zk-")
+        raise AssertionError("unreachable")
+
+    def _start(self) -> ZooKeeperServer:
         data = os.path.join(self.dir, "data")
         os.makedirs(data, exist_ok=True)
         conf = os.path.join(self.dir, "zoo.cfg")
@@ -325,14 +348,32 @@ class ZooKeeperServer:
         )
         try:
             wait_until(self._ok, 120, "ZooKeeper to answer", interval=0.2)
-        except BaseException:
+        except ServerExited:
             self.stop()
+            raise
+        except BaseException as e:
+            tail = self.log_tail()
+            self.stop()
+            if isinstance(e, RuntimeError):
+                raise RuntimeError(f"{e}; zookeeper.log ends:\n{tail}") from e
             raise
         return self
 
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server's log."""
+        path = os.path.join(self.dir, "zookeeper.log")
+        try:
+            with open(path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
     def _ok(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError("ZooKeeper exited; see zookeeper.log")
+            raise ServerExited(
+                f"ZooKeeper exited with {self.proc.returncode}; zookeeper.log "
+                f"ends:\n{self.log_tail()}"
+            )
         import socket
 
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
@@ -371,27 +412,42 @@ class ZooKeeperServer:
 class ZooKeeperEnsemble:
     """Three ZooKeeper servers in one ensemble (a quorum of two)."""
 
+    #: Tries at starting it, each on new ports: a port that was free when
+    #: drawn can be taken before the server binds it, and the server exits.
+    ATTEMPTS = 3
+
     def __init__(self, size: int = 3):
-        ports = [(free_port(), free_port()) for _ in range(size)]
+        self.size = size
+        self.servers = self._servers()
+
+    def _servers(self) -> list[ZooKeeperServer]:
+        ports = [(free_port(), free_port()) for _ in range(self.size)]
         lines = "".join(
             f"server.{i + 1}=127.0.0.1:{quorum}:{election}\n"
             for i, (quorum, election) in enumerate(ports)
         )
-        self.servers = [ZooKeeperServer(i + 1, lines) for i in range(size)]
+        return [ZooKeeperServer(i + 1, lines) for i in range(self.size)]
 
     @property
     def hosts(self) -> str:
         return ",".join(s.hosts for s in self.servers)
 
     def start(self) -> ZooKeeperEnsemble:
-        try:
-            for server in self.servers:
-                server.start()
-            wait_until(self.leader, 120, "the ensemble to elect a leader")
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, self.ATTEMPTS + 1):
+            try:
+                for server in self.servers:
+                    server.start()
+                wait_until(self.leader, 120, "the ensemble to elect a leader")
+                return self
+            except ServerExited:
+                self.stop()
+                if attempt == self.ATTEMPTS:
+                    raise
+                self.servers = self._servers()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def leader(self) -> ZooKeeperServer | None:
         """The current leader, once the others follow it; else None."""

@@ -53,6 +53,18 @@ def _worker_ports() -> Iterator[int] | None:
 _WORKER_PORTS = _worker_ports()
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; else 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_LOW = _ephemeral_low()
+
+
 def bindable(port: int) -> bool:
     """Return whether a socket can bind ``port`` on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -75,14 +87,15 @@ def free_port(*, bus: bool = False) -> int:
             if bindable(port) and (not bus or bindable(port + 10000)):
                 return port
         raise RuntimeError("no free port left in this worker's block")
-    if bus:
-        while True:
-            port = random.randint(20000, 45000)
-            if bindable(port) and bindable(port + 10000):
-                return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Outside a worker (a matrix cell, a script): at random between the
+    # workers' blocks and the ephemeral range, where a client socket of any
+    # process on the machine could take the port before the server binds it.
+    top = min(_EPHEMERAL_LOW, 32768) - (10000 if bus else 0)
+    for _ in range(1000):
+        port = random.randrange(20000, top)
+        if bindable(port) and (not bus or bindable(port + 10000)):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
