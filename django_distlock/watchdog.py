@@ -128,6 +128,12 @@ class _Schedule:
             self.bounds.pop(key, None)
         return self._schedule(backend, lease)
 
+    def has(self, lease: Lease) -> bool:
+        """Whether ``lease`` itself is on the schedule: a collected lease's
+        entry stays until the next round, and its id may be reused."""
+        entry = self.entries.get(id(lease))
+        return entry is not None and entry[1]() is lease
+
     def remove(self, lease: Lease) -> None:
         self.entries.pop(id(lease), None)
         self.bounds.pop(id(lease), None)
@@ -411,10 +417,15 @@ class _Lanes:
     def renewing(self, lease: Lease) -> bool:
         """Whether ``lease`` is on this watchdog's schedule."""
         lane = self._lanes.get(lease.alias)
-        return lane is not None and id(lease) in lane._schedule.entries
+        return lane is not None and lane._schedule.has(lease)
 
     def __len__(self) -> int:
-        return sum(len(lane._schedule.entries) for lane in list(self._lanes.values()))
+        return sum(
+            1
+            for lane in list(self._lanes.values())
+            for _backend, ref, _due, _earliest in list(lane._schedule.entries.values())
+            if ref() is not None
+        )
 
 
 class ThreadWatchdog(_Lanes):

@@ -108,6 +108,25 @@ def test_garbage_collected_handle_is_not_renewed_forever():
         assert time.monotonic() - started < 5
 
 
+def test_an_entry_left_by_a_collected_lease_is_not_another_lease_with_its_id():
+    """A collected lease's entry stays until the next pass, and Python may
+    give its id to a new object: only the lease itself is renewing."""
+    first = lock("stale-first", ttl=TTL)
+    second = lock("stale-second", ttl=TTL, auto_renew=False)
+    first.acquire()
+    second.acquire()
+    schedule = get_watchdog().lane("default")._schedule
+    try:
+        # As if the second lease had been given the id of the first's entry.
+        schedule.entries[id(second.lease)] = schedule.entries[id(first.lease)]
+        assert scheduled(first.lease)
+        assert not scheduled(second.lease)
+    finally:
+        schedule.entries.pop(id(second.lease), None)
+        first.release()
+        second.release()
+
+
 def test_loss_detected_by_renewal_is_signalled_once():
     with Recorder(lock_lost) as rec:
         held = lock("x", ttl=TTL)
