@@ -368,12 +368,16 @@ class ZooKeeperServer:
         except OSError:
             return "(no log)"
 
-    def _ok(self) -> bool:
+    def check_running(self) -> None:
+        """Raise :class:`ServerExited` if its process has ended."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ServerExited(
                 f"ZooKeeper exited with {self.proc.returncode}; zookeeper.log "
                 f"ends:\n{self.log_tail()}"
             )
+
+    def _ok(self) -> bool:
+        self.check_running()
         import socket
 
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
@@ -437,7 +441,7 @@ class ZooKeeperEnsemble:
             try:
                 for server in self.servers:
                     server.start()
-                wait_until(self.leader, 120, "the ensemble to elect a leader")
+                wait_until(self._elected, 120, "the ensemble to elect a leader")
                 return self
             except ServerExited:
                 self.stop()
@@ -448,6 +452,12 @@ class ZooKeeperEnsemble:
                 self.stop()
                 raise
         raise AssertionError("unreachable")
+
+    def _elected(self) -> ZooKeeperServer | None:
+        """:meth:`leader`, while every member still runs (at the start)."""
+        for server in self.servers:
+            server.check_running()
+        return self.leader()
 
     def leader(self) -> ZooKeeperServer | None:
         """The current leader, once the others follow it; else None."""
