@@ -134,6 +134,10 @@ class _Schedule:
         entry = self.entries.get(id(lease))
         return entry is not None and entry[1]() is lease
 
+    def __len__(self) -> int:
+        """The number of leases on the schedule that are still alive."""
+        return sum(1 for entry in list(self.entries.values()) if entry[1]() is not None)
+
     def remove(self, lease: Lease) -> None:
         self.entries.pop(id(lease), None)
         self.bounds.pop(id(lease), None)
@@ -420,12 +424,7 @@ class _Lanes:
         return lane is not None and lane._schedule.has(lease)
 
     def __len__(self) -> int:
-        return sum(
-            1
-            for lane in list(self._lanes.values())
-            for _backend, ref, _due, _earliest in list(lane._schedule.entries.values())
-            if ref() is not None
-        )
+        return sum(len(lane._schedule) for lane in list(self._lanes.values()))
 
 
 class ThreadWatchdog(_Lanes):

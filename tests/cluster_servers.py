@@ -37,6 +37,20 @@ class ServerExited(RuntimeError):
     """A server process ended while a test waited for it to answer."""
 
 
+def on_new_ports(start, redraw, tries: int):
+    """Return ``start()``; if the server exits (:class:`ServerExited`: a port
+    that was free when drawn can be taken before the server binds it),
+    ``redraw()`` its ports and try again, ``tries`` times in all."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start()
+        except ServerExited:
+            if attempt == tries:
+                raise
+            redraw()
+    raise AssertionError("unreachable")
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
     """Poll ``predicate`` until it returns a truthy value; raise on timeout,
     or at once if it raises :class:`ServerExited`."""
@@ -291,18 +305,13 @@ class ZooKeeperServer:
 
     def start(self) -> ZooKeeperServer:
         """Start it (again, after :meth:`kill`: on the same port)."""
-        # A first start of a standalone server may move to another port: one
-        # that was free when drawn can be taken before the server binds it.
+        # Only a standalone server's first start may move to another port.
         tries = 3 if self.myid is None and self.proc is None else 1
-        for attempt in range(1, tries + 1):
-            try:
-                return self._start()
-            except ServerExited:
-                if attempt == tries:
-                    raise
-                self.port = free_port()
-                self.dir = tempfile.mkdtemp(prefix="distlock-zk-")
-        raise AssertionError("unreachable")
+        return on_new_ports(self._start, self._redraw, tries)
+
+    def _redraw(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="distlock-zk-")
 
     def _start(self) -> ZooKeeperServer:
         data = os.path.join(self.dir, "data")
@@ -416,8 +425,7 @@ class ZooKeeperServer:
 class ZooKeeperEnsemble:
     """Three ZooKeeper servers in one ensemble (a quorum of two)."""
 
-    #: Tries at starting it, each on new ports: a port that was free when
-    #: drawn can be taken before the server binds it, and the server exits.
+    #: Tries at starting it, each on new ports (see :func:`on_new_ports`).
     ATTEMPTS = 3
 
     def __init__(self, size: int = 3):
@@ -437,21 +445,20 @@ class ZooKeeperEnsemble:
         return ",".join(s.hosts for s in self.servers)
 
     def start(self) -> ZooKeeperEnsemble:
-        for attempt in range(1, self.ATTEMPTS + 1):
-            try:
-                for server in self.servers:
-                    server.start()
-                wait_until(self._elected, 120, "the ensemble to elect a leader")
-                return self
-            except ServerExited:
-                self.stop()
-                if attempt == self.ATTEMPTS:
-                    raise
-                self.servers = self._servers()
-            except BaseException:
-                self.stop()
-                raise
-        raise AssertionError("unreachable")
+        return on_new_ports(self._start, self._redraw, self.ATTEMPTS)
+
+    def _start(self) -> ZooKeeperEnsemble:
+        try:
+            for server in self.servers:
+                server.start()
+            wait_until(self._elected, 120, "the ensemble to elect a leader")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _redraw(self) -> None:
+        self.servers = self._servers()
 
     def _elected(self) -> ZooKeeperServer | None:
         """:meth:`leader`, while every member still runs (at the start)."""

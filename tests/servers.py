@@ -82,20 +82,19 @@ def free_port(*, bus: bool = False) -> int:
     free too.
     """
     if _WORKER_PORTS is not None:
-        for _ in range(1000):
-            port = next(_WORKER_PORTS)
-            if bindable(port) and (not bus or bindable(port + 10000)):
-                return port
-        raise RuntimeError("no free port left in this worker's block")
-    # Outside a worker (a matrix cell, a script): at random between the
-    # workers' blocks and the ephemeral range, where a client socket of any
-    # process on the machine could take the port before the server binds it.
-    top = min(_EPHEMERAL_LOW, 32768) - (10000 if bus else 0)
-    for _ in range(1000):
-        port = random.randrange(20000, top)
+        candidates, where = _WORKER_PORTS, "in this worker's block"
+    else:
+        # Outside a worker (a matrix cell, a script): at random between the
+        # workers' blocks and the ephemeral range, where a client socket of
+        # any process on the machine could take the port before the server
+        # binds it.
+        top = min(_EPHEMERAL_LOW, 32768) - (10000 if bus else 0)
+        candidates = (random.randrange(20000, top) for _ in itertools.count())
+        where = "below the ephemeral range"
+    for port in itertools.islice(candidates, 1000):
         if bindable(port) and (not bus or bindable(port + 10000)):
             return port
-    raise RuntimeError("no free port below the ephemeral range")
+    raise RuntimeError(f"no free port left {where}")
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
