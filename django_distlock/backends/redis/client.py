@@ -7,6 +7,15 @@ to its slot's primary), Sentinel (``OPTIONS["SENTINELS"]``: the client of the
 primary the sentinels name) or a django-redis cache's pool
 (``OPTIONS["CACHE"]``). Scripts are redis-py ``Script`` objects (EVALSHA,
 loaded by redis-py on NOSCRIPT); batches are redis-py pipelines.
+
+A lock's own commands (:meth:`RedisClients.command` and its kin) take a
+connection of the client's pool and use redis-py's public ``Connection``
+methods (``pack_command``, ``send_packed_command``, ``read_response``), as
+the client's ``execute_command`` does inside; what they leave out is what a
+lock client has no use for on every command: the retry wrapper (it retries
+nothing: the scripts are not all idempotent), the event dispatch and the
+observability recorder, about a third of redis-py's own time per command.
+A cluster's commands go through its client, which finds each key's node.
 """
 
 from __future__ import annotations
@@ -87,6 +96,13 @@ def no_retry_kwargs(
     }
 
 
+def _takes_no_command_name(get_connection) -> bool:
+    """Return True if a pool's ``get_connection`` needs no command name
+    (redis-py 5.3 on; before, it had to be given one)."""
+    parameter = inspect.signature(get_connection).parameters.get("command_name")
+    return parameter is None or parameter.default is not inspect.Parameter.empty
+
+
 def is_noscript(exc: BaseException) -> bool:
     """Return True if ``exc`` is redis-py's NOSCRIPT error (script not loaded)."""
     from redis.exceptions import NoScriptError
@@ -108,6 +124,8 @@ class RedisClients:
         )
         self.sentinels = [tuple(s) for s in options.get("SENTINELS") or ()]
         self._scripts: dict[str, Any] = {}
+        self._conn_args: tuple = ()
+        self._aconn_args_of: tuple | None = None
         self._reset_async()
 
     def _reset_async(self) -> None:
@@ -223,6 +241,62 @@ class RedisClients:
             script = self._scripts[lua.name] = self.client.register_script(lua.source)
         return script
 
+    @cached_property
+    def pool(self):
+        """Return the sync client's connection pool (None for a cluster)."""
+        if self.cluster:
+            return None
+        pool = self.client.connection_pool
+        self._conn_args = () if _takes_no_command_name(pool.get_connection) else ("",)
+        return pool
+
+    def command(self, *args: Any) -> Any:
+        """Run one command; return its reply as the server sent it."""
+        pool = self.pool
+        if pool is None:
+            return self.client.execute_command(*args)
+        conn = pool.get_connection(*self._conn_args)
+        try:
+            # Both disconnect on a socket error or an interruption (a reply
+            # left unread must never reach the pool's next user).
+            conn.send_packed_command(conn.pack_command(*args))
+            return conn.read_response()
+        finally:
+            pool.release(conn)
+
+    def eval_then_pop(self, lua: LuaScript, keys, args, seconds: float):
+        """Run ``lua``, then ``BLPOP keys[-1] seconds``, in one round trip.
+
+        Return (the script's reply, BLPOP's), or None if the server forgot
+        the script: the connection is dropped then, so that its BLPOP, which
+        would wait the whole time, is not waited for.
+        """
+        from redis.exceptions import NoScriptError
+
+        pool = self.pool
+        sha = (self._scripts.get(lua.name) or self.script(lua)).sha
+        conn = pool.get_connection(*self._conn_args)
+        try:
+            conn.send_packed_command(
+                conn.pack_commands(
+                    (
+                        ("EVALSHA", sha, len(keys), *keys, *args),
+                        ("BLPOP", keys[-1], seconds),
+                    )
+                )
+            )
+            try:
+                reply = conn.read_response()
+            except NoScriptError:
+                conn.disconnect()
+                return None
+            except BaseException:
+                conn.disconnect()  # BLPOP's reply is still to come
+                raise
+            return reply, conn.read_response()
+        finally:
+            pool.release(conn)
+
     def evalsha(self, lua: LuaScript, keys, args) -> Any:
         """Run ``lua`` on the sync client: EVALSHA, and on NOSCRIPT (the
         server forgot it: restarted, flushed, a failover) redis-py's
@@ -234,9 +308,7 @@ class RedisClients:
         """
         script = self._scripts.get(lua.name) or self.script(lua)
         try:
-            return self.client.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args
-            )
+            return self.command("EVALSHA", script.sha, len(keys), *keys, *args)
         except Exception as e:
             if not is_noscript(e):
                 raise
@@ -258,16 +330,63 @@ class RedisClients:
 
     async def aevalsha(self, lua: LuaScript, keys, args) -> Any:
         """Async twin of :meth:`evalsha`, on the running loop's client."""
-        client, scripts = self._aloop()
-        script = scripts.get(lua.name) or self.ascript(lua)
+        script = self._aloop()[1].get(lua.name) or self.ascript(lua)
         try:
-            return await client.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args
-            )
+            return await self.acommand("EVALSHA", script.sha, len(keys), *keys, *args)
         except Exception as e:
             if not is_noscript(e):
                 raise
         return await script(keys=keys, args=args)
+
+    async def acommand(self, *args: Any) -> Any:
+        """Async twin of :meth:`command`, on the running loop's client."""
+        client = self._aloop()[0]
+        if self.cluster:
+            return await client.execute_command(*args)
+        pool = client.connection_pool
+        conn = await pool.get_connection(*self._aconn_args(pool))
+        try:
+            # Both disconnect on a socket error or a cancellation.
+            await conn.send_packed_command(conn.pack_command(*args))
+            return await conn.read_response()
+        finally:
+            await pool.release(conn)
+
+    async def aeval_then_pop(self, lua: LuaScript, keys, args, seconds: float):
+        """Async twin of :meth:`eval_then_pop`."""
+        from redis.exceptions import NoScriptError
+
+        client, scripts = self._aloop()
+        sha = (scripts.get(lua.name) or self.ascript(lua)).sha
+        pool = client.connection_pool
+        conn = await pool.get_connection(*self._aconn_args(pool))
+        try:
+            await conn.send_packed_command(
+                conn.pack_commands(
+                    (
+                        ("EVALSHA", sha, len(keys), *keys, *args),
+                        ("BLPOP", keys[-1], seconds),
+                    )
+                )
+            )
+            try:
+                reply = await conn.read_response()
+            except NoScriptError:
+                await conn.disconnect(nowait=True)
+                return None
+            except BaseException:
+                await conn.disconnect(nowait=True)
+                raise
+            return reply, await conn.read_response()
+        finally:
+            await pool.release(conn)
+
+    def _aconn_args(self, pool) -> tuple:
+        args = self._aconn_args_of
+        if args is None:
+            args = () if _takes_no_command_name(pool.get_connection) else ("",)
+            self._aconn_args_of = args
+        return args
 
     def _aloop(self) -> tuple[Any, dict]:
         loop = asyncio.get_running_loop()
@@ -317,7 +436,7 @@ class RedisClients:
     def close(self) -> None:
         """Drop the clients; close the sync one unless it is a cache's."""
         client = self.__dict__.pop("client", None)
-        for name in ("wait_slice", "timeouts", "adeadline"):
+        for name in ("wait_slice", "timeouts", "adeadline", "pool"):
             self.__dict__.pop(name, None)
         self._scripts = {}
         if client is not None and not self.cache:

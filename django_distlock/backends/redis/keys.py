@@ -27,7 +27,15 @@ LEASE_FIELDS = ("t", "f", "n", "h", "p", "th", "a")
 class LockKeys:
     """The Redis keys of one lock name (all in one cluster hash slot)."""
 
-    __slots__ = ("lease", "queue", "records", "wake_prefix", "triple", "stored_name")
+    __slots__ = (
+        "lease",
+        "queue",
+        "records",
+        "wake_prefix",
+        "triple",
+        "stored_name",
+        "busy",
+    )
 
     def __init__(self, prefix: str, name: str):
         #: The name as the lease hash stores it (kept with the cached keys).
@@ -38,6 +46,8 @@ class LockKeys:
         self.wake_prefix = self.lease + ":w:"
         #: The lease, queue and records keys (most scripts take these).
         self.triple = (self.lease, self.queue, self.records)
+        #: True while this process's last attempt found the name taken.
+        self.busy = False
 
 
 def ms(seconds: float) -> int:

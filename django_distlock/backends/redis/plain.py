@@ -42,10 +42,15 @@ release_log = logging.getLogger("django_distlock.release")
 
 #: How long after its expected next call a waiter's queue record stays valid.
 WAITER_GRACE_MS = 1000
+#: What acquire.lua pushes to a pipelined wait that should look again at once.
+LOOK_AGAIN = (b"0", "0")
 
 # A command for the executors: ("eval", script, keys, args), ("blpop", key,
-# seconds), ("hget", key, field), or ("waited", command) for an eval or blpop
-# followed by WAIT in the same round trip (answered: (reply, replicas)).
+# seconds), ("hget", key, field), ("evalpop", script, keys, args, seconds)
+# for an eval and the BLPOP of its last key in the same round trip
+# (answered: (reply, popped), or None if the server forgot the script), or
+# ("waited", command) for an eval or blpop followed by WAIT in the same round
+# trip (answered: (reply, replicas)).
 Command = tuple
 
 
@@ -128,6 +133,9 @@ class RedisLockBackend(
         self.wait_replicas_ms = ms(
             float(self.options.get("WAIT_REPLICAS_TIMEOUT", WAIT_REPLICAS_TIMEOUT))
         )
+        #: Whether a waiter's attempt and its wait may share a round trip
+        #: (one connection, so not on a cluster; not when grants await WAIT).
+        self.waits_pipelined = not self.cluster and not self.wait_replicas
 
     @classmethod
     def check_entry(cls, alias: str, params: dict[str, Any]) -> list:
@@ -173,9 +181,11 @@ class RedisLockBackend(
             if kind == "eval":
                 return self.redis.evalsha(command[1], command[2], command[3])
             if kind == "blpop":
-                return self.redis.client.blpop([command[1]], command[2])
+                return self.redis.command("BLPOP", command[1], command[2])
             if kind == "hget":
-                return self.redis.client.hget(command[1], command[2])
+                return self.redis.command("HGET", command[1], command[2])
+            if kind == "evalpop":
+                return self.redis.eval_then_pop(*command[1:])
             if kind == "waited":
                 return self._waited(command[1])
         except Exception as e:
@@ -198,10 +208,15 @@ class RedisLockBackend(
                 if deadline is not None:
                     deadline += command[2]
                 async with async_timeout(deadline):
-                    return await self.redis.aclient().blpop([command[1]], command[2])
+                    return await self.redis.acommand("BLPOP", command[1], command[2])
+            if kind == "evalpop":
+                if deadline is not None:
+                    deadline += command[4]
+                async with async_timeout(deadline):
+                    return await self.redis.aeval_then_pop(*command[1:])
             if kind == "hget":
                 async with async_timeout(deadline):
-                    return await self.redis.aclient().hget(command[1], command[2])
+                    return await self.redis.acommand("HGET", command[1], command[2])
             if kind == "waited":
                 if self.cluster:
                     # The node of a key, on the sync cluster client (see
@@ -261,15 +276,43 @@ class RedisLockBackend(
         else:
             live_ms = ms(deadline - start) + WAITER_GRACE_MS
         try:
-            acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms, queued])
-            if self.wait_replicas:
-                reply = yield from self._replicated(acquire, keys, token, granted_by)
-                acquired, value = reply or (0, 0)
+            reply = None
+            if keys.busy and blocking and self.waits_pipelined:
+                # This name was taken at this process's last attempt: queue
+                # and wait in one round trip (acquire.lua wakes the wait at
+                # once if it grants, or if the lease may end before it does).
+                wait = round(min(deadline - start, self.max_wait_slice), 3)
+                if wait >= 0.001:
+                    reply = yield (
+                        "evalpop",
+                        ACQUIRE,
+                        (*keys.triple, keys.wake_prefix + token),
+                        [*args, live_ms, queued, ms(wait)],
+                        wait,
+                    )
+            waited = False
+            if reply is not None:
+                (acquired, value), popped = reply
+                if acquired:
+                    keys.busy = False
+                elif popped is None:
+                    waited = True  # the whole wait, and no handoff
+                elif popped[1] not in LOOK_AGAIN:
+                    acquired, value = 1, popped[1]
             else:
-                acquired, value = yield acquire
+                acquire = ("eval", ACQUIRE, keys.triple, [*args, live_ms, queued])
+                if self.wait_replicas:
+                    reply = yield from self._replicated(
+                        acquire, keys, token, granted_by
+                    )
+                    acquired, value = reply or (0, 0)
+                else:
+                    acquired, value = yield acquire
+                if not acquired:
+                    keys.busy = True
             if not acquired:
                 acquired, value, sent = yield from self._wait_steps(
-                    keys, args, token, value, sent, deadline, blocking
+                    keys, args, token, value, sent, deadline, blocking, waited
                 )
         except GeneratorExit:
             # Closed by the executor: the server did not answer, but it may
@@ -358,7 +401,7 @@ class RedisLockBackend(
         return done
 
     def _wait_steps(
-        self, keys, args, token, value, sent, deadline, blocking
+        self, keys, args, token, value, sent, deadline, blocking, waited=False
     ) -> Generator[Command, Any, tuple[Any, Any, float]]:
         """Wait for a busy lock: the loop of :meth:`_acquire_steps`."""
         acquired = 0
@@ -380,7 +423,9 @@ class RedisLockBackend(
             # expired (its holder may have died), or the slice ends.
             pttl = int(value) / 1000 if int(value) > 0 else 0.0
             wait = min(deadline - now, self.max_wait_slice, pttl + 0.002)
-            if wait >= 0.001:
+            if waited:  # that sleep was pipelined with the first attempt
+                waited = False
+            elif wait >= 0.001:
                 blpop = ("blpop", wake, round(wait, 3))
                 if self.wait_replicas:
                     popped = yield from self._replicated(blpop, keys, token, popped_by)

@@ -5,6 +5,10 @@
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] name  ARGV[4] host  ARGV[5] pid
 -- ARGV[6] thread  ARGV[7] 0 to try once, else ms the caller's waiter record lives
 -- ARGV[8] 1 if this token may be queued already (a retry), else 0
+-- KEYS[4], ARGV[9]: given when the caller's BLPOP of its wake list KEYS[4]
+--   follows in the same round trip, for ARGV[9] ms: the fence is pushed there
+--   when the lock is granted now, and '0' when the lease may expire before
+--   that wait ends (so the caller looks again at once instead).
 --
 -- Returns {1, fence}: acquired (also when the lease is already this token's,
 --                     so a retried call is harmless).
@@ -13,8 +17,16 @@
 -- when the lease (and everything else) is gone, even after a restart that
 -- lost the data, as long as the server clock does not step back.
 local holder = redis.call('hget', KEYS[1], 't')
+local function tell(value)
+  if KEYS[4] then
+    redis.call('rpush', KEYS[4], value)
+    redis.call('pexpire', KEYS[4], tonumber(ARGV[9]) + 1000)
+  end
+end
 if holder == ARGV[1] then
-  return {1, redis.call('hget', KEYS[1], 'f')}
+  local fence = redis.call('hget', KEYS[1], 'f')
+  tell(fence)
+  return {1, fence}
 end
 local now = redis.call('time')
 if not holder then
@@ -27,6 +39,7 @@ if not holder then
   if ARGV[8] == '1' and redis.call('hdel', KEYS[3], ARGV[1]) == 1 then
     redis.call('lrem', KEYS[2], 1, ARGV[1])
   end
+  tell(fence)
   return {1, fence}
 end
 local live = tonumber(ARGV[7])
@@ -41,4 +54,8 @@ if live > 0 then
     redis.call('pexpire', KEYS[3], live)
   end
 end
-return {0, redis.call('pttl', KEYS[1])}
+local pttl = redis.call('pttl', KEYS[1])
+if KEYS[4] and pttl < tonumber(ARGV[9]) then
+  tell('0')
+end
+return {0, pttl}
