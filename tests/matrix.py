@@ -95,6 +95,7 @@ REDIS_SUITE = [
     "tests/test_redlock.py::TestRedlockContract",
     "tests/test_reentrant.py::TestReentrantContract",
     "tests/test_async.py",
+    "tests/test_redis_pipelined_wait.py",
 ]
 #: Each test of kazoo, Celery, prometheus_client or OpenTelemetry: a real
 #: ZooKeeper (started by the tests, Debian's package: scripts/bootstrap) and

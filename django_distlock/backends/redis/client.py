@@ -96,6 +96,20 @@ def no_retry_kwargs(
     }
 
 
+def _async_packer():
+    """Return a function packing one command for a ``redis.asyncio`` connection.
+
+    redis.asyncio packs in Python, where the sync client packs with hiredis's
+    ``pack_command`` when hiredis is installed (about a tenth of an asyncio
+    cycle's client time); this packs as the sync client does.
+    """
+    try:
+        from hiredis import pack_command
+    except ImportError:
+        return None
+    return pack_command
+
+
 def _takes_no_command_name(get_connection) -> bool:
     """Return True if a pool's ``get_connection`` needs no command name
     (redis-py 5.3 on; before, it had to be given one)."""
@@ -126,6 +140,7 @@ class RedisClients:
         self._scripts: dict[str, Any] = {}
         self._conn_args: tuple = ()
         self._aconn_args_of: tuple | None = None
+        self._apack = _async_packer()
         self._reset_async()
 
     def _reset_async(self) -> None:
@@ -347,7 +362,10 @@ class RedisClients:
         conn = await pool.get_connection(*self._aconn_args(pool))
         try:
             # Both disconnect on a socket error or a cancellation.
-            await conn.send_packed_command(conn.pack_command(*args))
+            pack = self._apack
+            await conn.send_packed_command(
+                pack(args) if pack else conn.pack_command(*args)
+            )
             return await conn.read_response()
         finally:
             await pool.release(conn)
@@ -361,13 +379,13 @@ class RedisClients:
         pool = client.connection_pool
         conn = await pool.get_connection(*self._aconn_args(pool))
         try:
+            commands = (
+                ("EVALSHA", sha, len(keys), *keys, *args),
+                ("BLPOP", keys[-1], seconds),
+            )
+            pack = self._apack
             await conn.send_packed_command(
-                conn.pack_commands(
-                    (
-                        ("EVALSHA", sha, len(keys), *keys, *args),
-                        ("BLPOP", keys[-1], seconds),
-                    )
-                )
+                b"".join(map(pack, commands)) if pack else conn.pack_commands(commands)
             )
             try:
                 reply = await conn.read_response()
