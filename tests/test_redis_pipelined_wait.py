@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import warnings
 
 import pytest
 from django.test import override_settings
@@ -177,28 +178,27 @@ class TestPipelinedWait:
     def test_async_queue_and_wait_share_a_round_trip(self, redis_url, redis_server):
         client = redis_server.client()
 
-        async def scenario():
-            holder = lock("x", using="other", auto_renew=False)
-            assert holder.acquire()
-            first = lock("x", timeout=10, auto_renew=False)
-            waiter = asyncio.ensure_future(first.aacquire())
-            while _queued(client, "x") != 1:
-                await asyncio.sleep(0.005)
-            holder.release()
-            assert await asyncio.wait_for(waiter, 10)
-            await first.arelease()
-            assert locks["default"].keys_for("x").busy
-            # Busy now: the next wait is pipelined.
-            assert holder.acquire()
-            fence = holder.fencing_token
-            before = _calls(client)
-            steps = _record_steps(locks["default"])
+        async def handed_over(holder):
+            """Wait on the default alias until ``holder`` releases."""
             held = lock("x", timeout=10, auto_renew=False)
             waiter = asyncio.ensure_future(held.aacquire())
             while _queued(client, "x") != 1:
                 await asyncio.sleep(0.005)
             holder.release()
             assert await asyncio.wait_for(waiter, 10)
+            return held
+
+        async def scenario():
+            holder = lock("x", using="other", auto_renew=False)
+            assert holder.acquire()
+            await (await handed_over(holder)).arelease()
+            assert locks["default"].keys_for("x").busy
+            # Busy now: the next wait is pipelined.
+            assert holder.acquire()
+            fence = holder.fencing_token
+            before = _calls(client)
+            steps = _record_steps(locks["default"])
+            held = await handed_over(holder)
             after = _calls(client)
             assert after["blpop"] - before["blpop"] == 1
             assert after["evalsha"] - before["evalsha"] == 2
@@ -243,3 +243,26 @@ class TestPipelinedWait:
                     pass
         finally:
             server.stop()
+
+
+def test_a_pool_that_needs_a_command_name_is_given_one(redis_url):
+    """redis-py before 5.3 needs a command name for ``get_connection``; from
+    5.3 on it warns about any argument."""
+    import redis
+
+    from django_distlock.backends.redis.client import RedisClients
+
+    class NamedPool(redis.ConnectionPool):
+        def get_connection(self, command_name, *keys, **options):
+            assert command_name == ""
+            return super().get_connection()
+
+    clients = RedisClients(redis_url, {})
+    clients.__dict__["client"] = redis.Redis(
+        connection_pool=NamedPool.from_url(redis_url)
+    )
+    assert clients.command("PING") in (b"PONG", "PONG", True)
+    # The pool of the redis-py this cell runs takes none.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert RedisClients(redis_url, {}).command("PING") in (b"PONG", True)

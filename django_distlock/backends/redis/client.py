@@ -14,7 +14,8 @@ methods (``pack_command``, ``send_packed_command``, ``read_response``), as
 the client's ``execute_command`` does inside; what they leave out is what a
 lock client has no use for on every command: the retry wrapper (it retries
 nothing: the scripts are not all idempotent), the event dispatch and the
-observability recorder, about a third of redis-py's own time per command.
+observability recorder, about a fifth of the instructions a command costs
+the client.
 A cluster's commands go through its client, which finds each key's node.
 """
 
@@ -110,11 +111,24 @@ def _async_packer():
     return pack_command
 
 
-def _takes_no_command_name(get_connection) -> bool:
-    """Return True if a pool's ``get_connection`` needs no command name
-    (redis-py 5.3 on; before, it had to be given one)."""
-    parameter = inspect.signature(get_connection).parameters.get("command_name")
-    return parameter is None or parameter.default is not inspect.Parameter.empty
+_CONNECTION_ARGS: dict[type, tuple] = {}
+
+
+def _connection_args(pool) -> tuple:
+    """Return the arguments ``pool.get_connection`` needs: none from redis-py
+    5.3 on (which warns about any), a command name before."""
+    args = _CONNECTION_ARGS.get(type(pool))
+    if args is None:
+        signature = inspect.signature(pool.get_connection)
+        parameter = signature.parameters.get("command_name")
+        named = parameter is not None and parameter.default is inspect.Parameter.empty
+        args = _CONNECTION_ARGS[type(pool)] = ("",) if named else ()
+    return args
+
+
+def _eval_and_pop(sha: str, keys, args, seconds: float) -> tuple[tuple, tuple]:
+    """Return the commands of :meth:`RedisClients.eval_then_pop`."""
+    return ("EVALSHA", sha, len(keys), *keys, *args), ("BLPOP", keys[-1], seconds)
 
 
 def is_noscript(exc: BaseException) -> bool:
@@ -138,8 +152,6 @@ class RedisClients:
         )
         self.sentinels = [tuple(s) for s in options.get("SENTINELS") or ()]
         self._scripts: dict[str, Any] = {}
-        self._conn_args: tuple = ()
-        self._aconn_args_of: tuple | None = None
         self._apack = _async_packer()
         self._reset_async()
 
@@ -259,18 +271,14 @@ class RedisClients:
     @cached_property
     def pool(self):
         """Return the sync client's connection pool (None for a cluster)."""
-        if self.cluster:
-            return None
-        pool = self.client.connection_pool
-        self._conn_args = () if _takes_no_command_name(pool.get_connection) else ("",)
-        return pool
+        return None if self.cluster else self.client.connection_pool
 
     def command(self, *args: Any) -> Any:
         """Run one command; return its reply as the server sent it."""
         pool = self.pool
         if pool is None:
             return self.client.execute_command(*args)
-        conn = pool.get_connection(*self._conn_args)
+        conn = pool.get_connection(*_connection_args(pool))
         try:
             # Both disconnect on a socket error or an interruption (a reply
             # left unread must never reach the pool's next user).
@@ -290,16 +298,10 @@ class RedisClients:
 
         pool = self.pool
         sha = (self._scripts.get(lua.name) or self.script(lua)).sha
-        conn = pool.get_connection(*self._conn_args)
+        conn = pool.get_connection(*_connection_args(pool))
         try:
-            conn.send_packed_command(
-                conn.pack_commands(
-                    (
-                        ("EVALSHA", sha, len(keys), *keys, *args),
-                        ("BLPOP", keys[-1], seconds),
-                    )
-                )
-            )
+            commands = _eval_and_pop(sha, keys, args, seconds)
+            conn.send_packed_command(conn.pack_commands(commands))
             try:
                 reply = conn.read_response()
             except NoScriptError:
@@ -359,7 +361,7 @@ class RedisClients:
         if self.cluster:
             return await client.execute_command(*args)
         pool = client.connection_pool
-        conn = await pool.get_connection(*self._aconn_args(pool))
+        conn = await pool.get_connection(*_connection_args(pool))
         try:
             # Both disconnect on a socket error or a cancellation.
             pack = self._apack
@@ -377,12 +379,9 @@ class RedisClients:
         client, scripts = self._aloop()
         sha = (scripts.get(lua.name) or self.ascript(lua)).sha
         pool = client.connection_pool
-        conn = await pool.get_connection(*self._aconn_args(pool))
+        conn = await pool.get_connection(*_connection_args(pool))
         try:
-            commands = (
-                ("EVALSHA", sha, len(keys), *keys, *args),
-                ("BLPOP", keys[-1], seconds),
-            )
+            commands = _eval_and_pop(sha, keys, args, seconds)
             pack = self._apack
             await conn.send_packed_command(
                 b"".join(map(pack, commands)) if pack else conn.pack_commands(commands)
@@ -398,13 +397,6 @@ class RedisClients:
             return reply, await conn.read_response()
         finally:
             await pool.release(conn)
-
-    def _aconn_args(self, pool) -> tuple:
-        args = self._aconn_args_of
-        if args is None:
-            args = () if _takes_no_command_name(pool.get_connection) else ("",)
-            self._aconn_args_of = args
-        return args
 
     def _aloop(self) -> tuple[Any, dict]:
         loop = asyncio.get_running_loop()
