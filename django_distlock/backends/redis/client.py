@@ -347,9 +347,12 @@ class RedisClients:
 
     async def aevalsha(self, lua: LuaScript, keys, args) -> Any:
         """Async twin of :meth:`evalsha`, on the running loop's client."""
-        script = self._aloop()[1].get(lua.name) or self.ascript(lua)
+        client, scripts = self._aloop()
+        script = scripts.get(lua.name) or self.ascript(lua)
         try:
-            return await self.acommand("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._acommand(
+                client, ("EVALSHA", script.sha, len(keys), *keys, *args)
+            )
         except Exception as e:
             if not is_noscript(e):
                 raise
@@ -357,7 +360,9 @@ class RedisClients:
 
     async def acommand(self, *args: Any) -> Any:
         """Async twin of :meth:`command`, on the running loop's client."""
-        client = self._aloop()[0]
+        return await self._acommand(self._aloop()[0], args)
+
+    async def _acommand(self, client, args: tuple) -> Any:
         if self.cluster:
             return await client.execute_command(*args)
         pool = client.connection_pool
