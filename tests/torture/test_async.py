@@ -65,6 +65,12 @@ def test_tasks_cancelled_at_random_points(env, kind, tmp_path):
             f"p50 {free[len(free) // 2] * 1000:.1f} ms, "
             f"max {free[-1] * 1000:.1f} ms ({len(free)} cancels)"
         )
+    expired = sum(r["probe_expired"] for r in results)
+    if expired:
+        verdict.notes.append(
+            f"{expired} probe lease(s) expired, a TTL after they were asked for, "
+            "before their release"
+        )
     report(verdict)
     assert verdict.violations == 0, (
         verdict.summary() + "\n" + "\n".join(verdict.notes[:20])
