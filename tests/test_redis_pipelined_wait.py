@@ -266,3 +266,75 @@ def test_a_pool_that_needs_a_command_name_is_given_one(redis_url):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert RedisClients(redis_url, {}).command("PING") in (b"PONG", True)
+
+
+class TestRollingUpgrade:
+    """Processes from before the pipelined wait share names with current ones.
+
+    The earlier ``acquire.lua`` (``tests/earlier``) is run as such a process
+    runs it: its own script (its own SHA), three keys and eight arguments.
+    """
+
+    @staticmethod
+    def _earlier(client):
+        from pathlib import Path
+
+        source = Path(__file__).parent / "earlier" / "acquire_before_pipelined_wait.lua"
+        return client.register_script(source.read_text())
+
+    @staticmethod
+    def _release(client, keys, token):
+        from django_distlock.backends.redis.keys import RELEASE
+
+        release = client.register_script(RELEASE.source)
+        return release(keys=keys.triple, args=[token, keys.wake_prefix])
+
+    def test_a_pipelined_waiter_is_handed_an_earlier_holders_lease(
+        self, redis_url, redis_server
+    ):
+        client = redis_server.client()
+        with override_settings(LOCKS=_two_aliases(redis_url, **SLOW_SLICE)):
+            _make_busy(client, "x")
+            keys = locks["default"].keys_for("x")
+            earlier = self._earlier(client)
+            got, fence = earlier(
+                keys=keys.triple,
+                args=["earlier-holder", 30_000, keys.stored_name, "h", 1, "t", 0, 0],
+            )
+            assert got == 1
+            steps = _record_steps(locks["default"])
+            started = time.monotonic()
+            thread, waited = _wait_in_thread("x", timeout=8, auto_renew=False)
+            _until(lambda: _queued(client, "x") == 1)
+            assert self._release(client, keys, "earlier-holder") == 2  # handed on
+            thread.join(10)
+            (held,) = waited
+            assert time.monotonic() - started < 3.0  # woken, not the 6 s slice
+            assert steps == ["evalpop"]
+            assert held.locked()
+            assert held.fencing_token > int(fence)
+            held.release()
+
+    def test_an_earlier_waiter_is_handed_a_current_holders_lease(
+        self, redis_url, redis_server
+    ):
+        client = redis_server.client()
+        with override_settings(LOCKS=_two_aliases(redis_url)):
+            _make_busy(client, "x")
+            keys = locks["default"].keys_for("x")
+            holder = lock("x", timeout=10, auto_renew=False)
+            assert holder.acquire()  # the pipelined attempt, granted at once
+            fence = holder.fencing_token
+            earlier = self._earlier(client)
+            got, _ = earlier(
+                keys=keys.triple,
+                args=["earlier-waiter", 30_000, keys.stored_name, "h", 1, "t", 5000, 0],
+            )
+            assert got == 0 and _queued(client, "x") == 1
+            holder.release()
+            popped = client.blpop([keys.wake_prefix + "earlier-waiter"], 5)
+            assert popped is not None
+            assert int(popped[1]) > fence
+            assert client.hget(keys.lease, "t") == b"earlier-waiter"
+            assert self._release(client, keys, "earlier-waiter") == 1
+            assert client.keys("*:w:*") == []  # no wake list left behind
