@@ -13,11 +13,13 @@ import asyncio
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from django.test import override_settings
 
 from django_distlock import LockBackendError, lock, locks
+from django_distlock.backends.redis.keys import RELEASE
 
 from .conftest import redis_locks
 
@@ -26,6 +28,10 @@ pytestmark = pytest.mark.redis
 #: A socket timeout whose wait slice (0.6 of it) is far longer than any
 #: wait these tests allow: a wait that ran a whole slice shows.
 SLOW_SLICE = {"SOCKET_TIMEOUT": 10.0}
+#: acquire.lua as it was before the pipelined wait (main at d72e0f5).
+EARLIER_ACQUIRE = (
+    Path(__file__).parent / "earlier" / "acquire_before_pipelined_wait.lua"
+)
 
 
 def _two_aliases(url: str, **options) -> dict:
@@ -276,16 +282,14 @@ class TestRollingUpgrade:
     """
 
     @staticmethod
-    def _earlier(client):
-        from pathlib import Path
-
-        source = Path(__file__).parent / "earlier" / "acquire_before_pipelined_wait.lua"
-        return client.register_script(source.read_text())
+    def _earlier_acquire(client, keys, token: str, live_ms: int):
+        """Acquire (or queue, for ``live_ms``) as an earlier process does."""
+        earlier = client.register_script(EARLIER_ACQUIRE.read_text())
+        args = [token, 30_000, keys.stored_name, "h", 1, "t", live_ms, 0]
+        return earlier(keys=keys.triple, args=args)
 
     @staticmethod
-    def _release(client, keys, token):
-        from django_distlock.backends.redis.keys import RELEASE
-
+    def _release(client, keys, token: str):
         release = client.register_script(RELEASE.source)
         return release(keys=keys.triple, args=[token, keys.wake_prefix])
 
@@ -296,11 +300,7 @@ class TestRollingUpgrade:
         with override_settings(LOCKS=_two_aliases(redis_url, **SLOW_SLICE)):
             _make_busy(client, "x")
             keys = locks["default"].keys_for("x")
-            earlier = self._earlier(client)
-            got, fence = earlier(
-                keys=keys.triple,
-                args=["earlier-holder", 30_000, keys.stored_name, "h", 1, "t", 0, 0],
-            )
+            got, fence = self._earlier_acquire(client, keys, "earlier-holder", 0)
             assert got == 1
             steps = _record_steps(locks["default"])
             started = time.monotonic()
@@ -325,11 +325,7 @@ class TestRollingUpgrade:
             holder = lock("x", timeout=10, auto_renew=False)
             assert holder.acquire()  # the pipelined attempt, granted at once
             fence = holder.fencing_token
-            earlier = self._earlier(client)
-            got, _ = earlier(
-                keys=keys.triple,
-                args=["earlier-waiter", 30_000, keys.stored_name, "h", 1, "t", 5000, 0],
-            )
+            got, _ = self._earlier_acquire(client, keys, "earlier-waiter", 5000)
             assert got == 0 and _queued(client, "x") == 1
             holder.release()
             popped = client.blpop([keys.wake_prefix + "earlier-waiter"], 5)
