@@ -325,7 +325,7 @@ class ZooKeeperServer:
                 "clientPortAddress=127.0.0.1\n"
                 "maxClientCnxns=0\n"
                 "admin.enableServer=false\n"
-                "4lw.commands.whitelist=ruok,srvr,wchp\n"
+                "4lw.commands.whitelist=ruok,srvr,wchp,conf\n"
                 "minSessionTimeout=200\n"
                 "maxSessionTimeout=60000\n"
             )
@@ -391,7 +391,27 @@ class ZooKeeperServer:
 
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
             s.sendall(b"ruok")
-            return s.recv(4) == b"imok"
+            if s.recv(4) != b"imok":
+                return False
+        # This server, not another process's that took the port first (this
+        # one then exits, but only once its JVM is done).
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+            s.sendall(b"conf")
+            text = b""
+            while chunk := s.recv(4096):
+                text += chunk
+        dirs = [
+            line.split("=", 1)[1]
+            for line in text.decode(errors="replace").splitlines()
+            if line.startswith("dataDir=")
+        ]
+        if not dirs:
+            # An ensemble member before its quorum forms answers only ruok
+            # (and it is started with tries=1: a taken port fails anyway).
+            return True
+        if not dirs[0].startswith(os.path.join(self.dir, "data")):
+            raise ServerExited(f"another process's ZooKeeper answers on {self.port}")
+        return True
 
     def mode(self) -> str:
         """``leader``, ``follower``, ``standalone``, or ``""`` if not serving."""

@@ -126,6 +126,8 @@ class RedisServer:
         if shutil.which("redis-server") is None:
             unavailable("redis-server is not on PATH")
         self.port = port or free_port()
+        # A port drawn here may be drawn again if another process has it.
+        self.drawn = port is None
         self.args = args
         self.dir = tempfile.mkdtemp(prefix="distlock-redis-")
         self.proc: subprocess.Popen | None = None
@@ -136,6 +138,36 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        """Start it (again, after :meth:`kill`: on the same port).
+
+        The server answering on the port must be this one: a port free when
+        drawn can be taken by another process's server before this one binds
+        it, and this one then exits while the other answers.
+        """
+        tries = 3 if self.drawn and self.proc is None else 1
+        for attempt in range(1, tries + 1):
+            self._start()
+            if self._answers():
+                return self
+            self.kill()
+            if attempt == tries:
+                raise RuntimeError(
+                    f"another process's server answers on port {self.port}"
+                )
+            self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _answers(self) -> bool:
+        """Whether the server on the port is this process (not another's)."""
+        import redis
+
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return False
+        with redis.Redis("127.0.0.1", self.port, socket_timeout=5) as client:
+            return int(client.info("server")["process_id"]) == self.proc.pid
+
+    def _start(self) -> None:
         self.proc = subprocess.Popen(
             [
                 "redis-server",
@@ -161,7 +193,6 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         wait_listening(self.proc, self.port, "redis-server")
-        return self
 
     def kill(self) -> None:
         """SIGKILL the server (its data is gone: no persistence)."""
