@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from ..procs import run_in_processes
 from .conftest import backends
@@ -64,19 +65,25 @@ def test_client_kill_mid_acquire_and_release(env, kind, tmp_path):
     run.load(0.5)
     rng = random.Random(7)
     clients = [s.client() for s in env.servers]
-    kills = 0
+    kills = own_dropped = 0
     with run.fault():
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(0.005, 0.05))
             for client in clients:
-                kills += client.execute_command(
-                    "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
-                )
+                try:
+                    kills += client.execute_command(
+                        "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
+                    )
+                except redis.ConnectionError:
+                    # This connection is a normal client too: when it has
+                    # to be opened again, a kill may catch its handshake.
+                    own_dropped += 1
     for client in clients:
         client.close()
     verdict = run.finish()
-    verdict.notes.append(f"{kills} connections killed")
+    verdict.notes.append(f"{kills} connections killed ({own_dropped} of our own)")
+    assert kills > 0
     env.assert_no_phantom_leases(1.0)
 
 
