@@ -15,11 +15,14 @@ database drivers costs a spawned interpreter (the suites start thousands).
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import multiprocessing
 import os
 import pickle
 import queue
+import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -88,7 +91,29 @@ def _init_worker(state: dict[str, Any]) -> None:
         locks.reset()
 
 
+def stacks_path(pid: int) -> str:
+    """Return where worker ``pid`` writes its threads' stacks on SIGUSR1."""
+    return os.path.join(tempfile.gettempdir(), f"distlock-stacks-{pid}.txt")
+
+
+def dump_stacks(pid: int, wait: float = 1.0) -> str:
+    """Return the stacks of worker ``pid``'s threads (to tell where it hangs)."""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError as e:
+        return f"no stacks of {pid}: {e}"
+    time.sleep(wait)
+    try:
+        with open(stacks_path(pid)) as f:
+            return f.read()
+    except OSError as e:
+        return f"no stacks of {pid}: {e}"
+
+
 def _call(state, func, args):
+    # Kept open for the process's life: faulthandler writes to its descriptor.
+    stacks = open(stacks_path(os.getpid()), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     _init_worker(state)
     return func(*args)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ..procs import context, start_process
+from ..procs import context, dump_stacks, start_process
 from ..servers import RedisServer
 from .history import Verdict, check, read_events
 from .proxy import FaultProxy
@@ -475,6 +476,8 @@ class Run:
                 wid, outcome = servant_.done.get(timeout=60)
             except Exception:
                 hung.append(servant_.proc.pid)
+                print(f"worker {servant_.proc.pid} hung:", file=sys.stderr)
+                print(dump_stacks(servant_.proc.pid), file=sys.stderr)
                 servant_.kill()
                 continue
             if outcome != "ok":
