@@ -6,6 +6,7 @@ else on the machine is touched.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import random
@@ -119,6 +120,21 @@ def wait_listening(proc: subprocess.Popen, port: int, what: str) -> None:
         time.sleep(0.02)
 
 
+#: redis-servers started by this process, as (its pid, the process): a test
+#: that fails before it stops them (a start that raises in a list of them)
+#: leaves none running once the test process exits.
+_STARTED: list[tuple[int, subprocess.Popen]] = []
+
+
+@atexit.register
+def _kill_left_running() -> None:
+    for owner, proc in _STARTED:
+        # Not a forked child's: the servers are its parent's.
+        if owner == os.getpid() and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class RedisServer:
     """One ``redis-server`` process on a free loopback port, with no persistence."""
 
@@ -192,6 +208,8 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        _STARTED[:] = [(o, p) for o, p in _STARTED if p.poll() is None]
+        _STARTED.append((os.getpid(), self.proc))
         wait_listening(self.proc, self.port, "redis-server")
 
     def kill(self) -> None:
