@@ -18,6 +18,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import queue
@@ -110,10 +111,20 @@ def dump_stacks(pid: int, wait: float = 1.0) -> str:
         return f"no stacks of {pid}: {e}"
 
 
-def _call(state, func, args):
+def dump_stacks_on_signal() -> None:
+    """Write this process's threads' stacks for :func:`dump_stacks` on SIGUSR1.
+
+    The file goes when the process ends normally.
+    """
+    path = stacks_path(os.getpid())
     # Kept open for the process's life: faulthandler writes to its descriptor.
-    stacks = open(stacks_path(os.getpid()), "w")  # noqa: SIM115
+    stacks = open(path, "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    # Run by multiprocessing at a worker's exit (which skips atexit).
+    multiprocessing.util.Finalize(None, os.unlink, args=(path,), exitpriority=0)
+
+
+def _call(state, func, args):
     _init_worker(state)
     return func(*args)
 

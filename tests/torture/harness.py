@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ..procs import context, dump_stacks, start_process
+from ..procs import context, dump_stacks, dump_stacks_on_signal, start_process
 from ..servers import RedisServer
 from .history import Verdict, check, read_events
 from .proxy import FaultProxy
@@ -64,6 +64,12 @@ REDIS_OPTIONS = {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.3}
 REDLOCK_OPTIONS = {"NODE_TIMEOUT": 0.2}
 
 
+def _serve(loop: Callable, jobs, done) -> None:
+    # A servant that hangs at the end of a run has its stacks printed.
+    dump_stacks_on_signal()
+    loop(jobs, done)
+
+
 class Servant:
     """A long-lived worker process that runs one load job at a time.
 
@@ -75,7 +81,7 @@ class Servant:
         ctx = context()
         self.jobs = ctx.Queue()
         self.done = ctx.Queue()
-        self.proc = start_process(loop, self.jobs, self.done)
+        self.proc = start_process(_serve, loop, self.jobs, self.done)
 
     def alive(self) -> bool:
         return self.proc.is_alive()
