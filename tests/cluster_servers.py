@@ -21,7 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .procs import run_in_processes
-from .servers import RedisServer, free_port, port_open, unavailable
+from .servers import (
+    RedisServer,
+    ServerExited,
+    free_port,
+    on_new_ports,
+    port_open,
+    unavailable,
+)
 
 __all__ = [
     "RedisCluster",
@@ -31,24 +38,6 @@ __all__ = [
     "ZooKeeperServer",
     "wait_until",
 ]
-
-
-class ServerExited(RuntimeError):
-    """A server process ended while a test waited for it to answer."""
-
-
-def on_new_ports(start, redraw, tries: int):
-    """Return ``start()``; if the server exits (:class:`ServerExited`: a port
-    that was free when drawn can be taken before the server binds it),
-    ``redraw()`` its ports and try again, ``tries`` times in all."""
-    for attempt in range(1, tries + 1):
-        try:
-            return start()
-        except ServerExited:
-            if attempt == tries:
-                raise
-            redraw()
-    raise AssertionError("unreachable")
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
@@ -385,24 +374,26 @@ class ZooKeeperServer:
                 f"ends:\n{self.log_tail()}"
             )
 
-    def _ok(self) -> bool:
-        self.check_running()
+    def four_letter(self, word: str, timeout: float = 2) -> str:
+        """Send a four-letter command; return the whole answer."""
         import socket
 
-        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-            s.sendall(b"ruok")
-            if s.recv(4) != b"imok":
-                return False
-        # This server, not another process's that took the port first (this
-        # one then exits, but only once its JVM is done).
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-            s.sendall(b"conf")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(word.encode())
             text = b""
             while chunk := s.recv(4096):
                 text += chunk
+        return text.decode(errors="replace")
+
+    def _ok(self) -> bool:
+        self.check_running()
+        if self.four_letter("ruok", timeout=1) != "imok":
+            return False
+        # This server, not another process's that took the port first (this
+        # one then exits, but only once its JVM is done).
         dirs = [
             line.split("=", 1)[1]
-            for line in text.decode(errors="replace").splitlines()
+            for line in self.four_letter("conf").splitlines()
             if line.startswith("dataDir=")
         ]
         if not dirs:
@@ -415,17 +406,11 @@ class ZooKeeperServer:
 
     def mode(self) -> str:
         """``leader``, ``follower``, ``standalone``, or ``""`` if not serving."""
-        import socket
-
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-                s.sendall(b"srvr")
-                text = b""
-                while chunk := s.recv(4096):
-                    text += chunk
+            text = self.four_letter("srvr")
         except OSError:
             return ""
-        for line in text.decode(errors="replace").splitlines():
+        for line in text.splitlines():
             if line.startswith("Mode:"):
                 return line.split(":", 1)[1].strip()
         return ""

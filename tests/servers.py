@@ -120,6 +120,24 @@ def wait_listening(proc: subprocess.Popen, port: int, what: str) -> None:
         time.sleep(0.02)
 
 
+class ServerExited(RuntimeError):
+    """A server process ended while a test waited for it to answer."""
+
+
+def on_new_ports(start, redraw, tries: int):
+    """Return ``start()``; if the server exits (:class:`ServerExited`: a port
+    that was free when drawn can be taken before the server binds it),
+    ``redraw()`` its ports and try again, ``tries`` times in all."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start()
+        except ServerExited:
+            if attempt == tries:
+                raise
+            redraw()
+    raise AssertionError("unreachable")
+
+
 #: redis-servers started by this process, as (its pid, the process): a test
 #: that fails before it stops them (a start that raises in a list of them)
 #: leaves none running once the test process exits.
@@ -161,17 +179,10 @@ class RedisServer:
         it, and this one then exits while the other answers.
         """
         tries = 3 if self.drawn and self.proc is None else 1
-        for attempt in range(1, tries + 1):
-            self._start()
-            if self._answers():
-                return self
-            self.kill()
-            if attempt == tries:
-                raise RuntimeError(
-                    f"another process's server answers on port {self.port}"
-                )
-            self.port = free_port()
-        raise AssertionError("unreachable")
+        return on_new_ports(self._start, self._redraw, tries)
+
+    def _redraw(self) -> None:
+        self.port = free_port()
 
     def _answers(self) -> bool:
         """Whether the server on the port is this process (not another's)."""
@@ -183,7 +194,7 @@ class RedisServer:
         with redis.Redis("127.0.0.1", self.port, socket_timeout=5) as client:
             return int(client.info("server")["process_id"]) == self.proc.pid
 
-    def _start(self) -> None:
+    def _start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [
                 "redis-server",
@@ -211,6 +222,10 @@ class RedisServer:
         _STARTED[:] = [(o, p) for o, p in _STARTED if p.poll() is None]
         _STARTED.append((os.getpid(), self.proc))
         wait_listening(self.proc, self.port, "redis-server")
+        if not self._answers():
+            self.kill()
+            raise ServerExited(f"another process's server answers on port {self.port}")
+        return self
 
     def kill(self) -> None:
         """SIGKILL the server (its data is gone: no persistence)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import socket
 import sys
 import threading
 import time
@@ -65,15 +64,6 @@ class TestZooKeeperContract(LockBackendContract):
         return zk_locks(zookeeper.hosts)
 
 
-def _four_letters(port: int, word: bytes) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(word)
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
-
-
 class TestZooKeeperRecipe:
     """Fair queue, predecessor-only watches, czxid fencing, session loss."""
 
@@ -107,7 +97,7 @@ class TestZooKeeperRecipe:
         expected = {f"{directory}/{child}" for child in queue[:4]}
 
         def watched() -> set[str]:
-            text = _four_letters(zookeeper.port, b"wchp")
+            text = zookeeper.four_letter("wchp", timeout=5)
             return {line for line in text.splitlines() if line.startswith("/")}
 
         wait_until(lambda: watched() == expected, 30, "one watch per predecessor")
