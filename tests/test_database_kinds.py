@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from django.db import connections
@@ -358,15 +359,35 @@ class TestPermits:
         assert backend.release(a) and backend.release(c)
 
 
-# -- permits handed over by the release (PostgreSQL, whatever WAIT says) -----
+# -- permits handed over by the release (PostgreSQL, SQLite on Linux) --------
 
 
-@pytest.fixture(params=["notify", "poll"])
-def handing(request) -> DatabaseLockBackend:
-    """The PostgreSQL backend, with and without ``WAIT = "notify"``: either
-    way its releases hand permits over."""
-    request.getfixturevalue("postgres_available")
-    options = {"DATABASE": "postgres", "WAIT": request.param}
+def _handing_pg(wait: str):
+    marks = [
+        pytest.mark.postgres,
+        pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
+    ]
+    return pytest.param(wait, marks=marks, id=f"postgres-{wait}")
+
+
+HANDING_PG = [_handing_pg("notify"), _handing_pg("poll")]
+HANDING_SQLITE = pytest.param(
+    "sqlite",
+    marks=pytest.mark.django_db(transaction=True, databases=["default"]),
+    id="sqlite",
+)
+
+
+def _handing(request) -> Iterator[DatabaseLockBackend]:
+    if request.param == "sqlite":
+        if connections["default"].vendor != "sqlite":
+            pytest.skip("the default database is not SQLite (DISTLOCK_TEST_DB)")
+        if not bells.AVAILABLE:
+            pytest.skip("Linux's abstract sockets")
+        options = {"DATABASE": "default"}
+    else:
+        request.getfixturevalue("postgres_available")
+        options = {"DATABASE": "postgres", "WAIT": request.param}
     setting = {"default": {"BACKEND": BACKEND, "TTL": 5, "OPTIONS": options}}
     with override_settings(LOCKS=setting):
         backend = locks["default"]
@@ -375,17 +396,41 @@ def handing(request) -> DatabaseLockBackend:
     locks.reset()
 
 
+@pytest.fixture(params=[*HANDING_PG, HANDING_SQLITE])
+def handing(request) -> Iterator[DatabaseLockBackend]:
+    """A backend whose releases hand permits over: PostgreSQL, with and
+    without ``WAIT = "notify"``, and a SQLite file (to the waiter's bell)."""
+    yield from _handing(request)
+
+
+@pytest.fixture(params=HANDING_PG)
+def handing_pg(request) -> Iterator[DatabaseLockBackend]:
+    """The PostgreSQL backend, with and without ``WAIT = "notify"``."""
+    yield from _handing(request)
+
+
 def _queue(backend, name, token, listen=True):
     """One attempt of waiter ``token`` for a permit of 1, which queues it."""
     one = permit(1)
     digest = backend._kind_digest(name, one)
-    attempt = backend._listen_own_and_attempt if listen else backend._attempt
+    attempt = backend._attempt
+    if listen and backend.dialect.vendor == "postgresql":
+        attempt = backend._listen_own_and_attempt
     args = (name, digest, token, 10, ("host", 1, "thread"), one)
-    return backend._call("acquire", attempt, *args)
+    fence, wait = backend._call("acquire", attempt, *args)
+    if not listen and backend.dialect.vendor == "sqlite":
+        # A waiter of an earlier version: its place names no TTL.
+        _rows(backend, token=token, kind="queued").update(ttl=None)
+    return fence, wait
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def _handed(backend, token: str) -> int | None:
+    """Wait up to 5 s for a release to hand ``token`` its permit; its fence."""
+    if backend.dialect.vendor == "sqlite":
+        return backend._wait_rung(backend._bells, token, 5)
+    return backend._call("wait", backend._wait_handed, token, 5)
+
+
 class TestHandover:
     """One waiter's steps, taken one at a time on this thread's connection."""
 
@@ -402,8 +447,7 @@ class TestHandover:
         assert granted.fence == first.fencing_token + 1
         assert granted.expires_at > place.expires_at  # the TTL, not the place's
         # The notification carries the fencing token: no attempt needed.
-        wait = handing._wait_handed
-        assert handing._call("wait", wait, token, 5) == granted.fence
+        assert _handed(handing, token) == granted.fence
         # An attempt that comes first finds the permit handed over.
         assert _queue(handing, name, token)[0] == granted.fence
         assert handing.acquire(name, 10, 0, permit(1)) is None
@@ -423,18 +467,20 @@ class TestHandover:
         assert not _rows(handing, token=early).exists()
         handed = _rows(handing, token=late).get()
         assert handed.kind == "permit" and handed.fence == first.fencing_token + 2
-        wait = handing._wait_handed
-        assert handing._call("wait", wait, late, 5) == handed.fence
+        # The early waiter's datagram (SQLite) is passed over.
+        assert _handed(handing, late) == handed.fence
 
     def test_a_waiter_that_does_not_listen_keeps_its_turn(self, handing, name):
-        # A process of a rolling upgrade (code before migration 0006) queues
-        # without a channel: it is woken and takes the permit itself, and the
-        # waiter behind it is not served first.
+        # A process of a rolling upgrade (code before migration 0006; on
+        # SQLite, before handover) queues without a channel (without a TTL):
+        # it is woken and takes the permit itself, and the waiter behind it
+        # is not served first.
         first = handing.acquire(name, 10, 0, permit(1))
         older, newer = "d" * 32, "e" * 32
         assert _queue(handing, name, older, listen=False)[0] is None
         assert _queue(handing, name, newer)[0] is None
-        assert _rows(handing, token=older).get().channel is None
+        place = _rows(handing, token=older).get()
+        assert place.channel is None or place.ttl is None
         assert handing.release(first)
         assert _rows(handing, token=older).get().kind == "queued"
         assert _rows(handing, token=newer).get().kind == "queued"
@@ -481,7 +527,8 @@ def waking(request, monkeypatch) -> DatabaseLockBackend:
     setting = {"default": {"BACKEND": BACKEND, "TTL": 60, "OPTIONS": options}}
     with override_settings(LOCKS=setting):
         backend = locks["default"]
-        assert backend.wakes_permit_waiters and not backend.hands_over
+        assert backend.wakes_permit_waiters
+        assert backend.hands_over == (alias == "default")  # SQLite: to the bell
         yield backend
     locks.reset()
 
@@ -518,13 +565,15 @@ def test_a_bell_rings_once_per_datagram_and_is_its_threads_own():
     thread.start()
     thread.join()
     assert other[0] != mine
-    chime.ring([mine, mine, "distlock_wait_nobody"])  # one bound by nobody
-    chime.drain()  # both wake-ups, sent before the attempt, are spent
+    # Two datagrams and one to a bell bound by nobody.
+    chime.ring([(mine, b"a 1"), (mine, b""), ("distlock_wait_nobody", b"b 2")])
+    chime.drain()  # both, sent before the attempt, are spent
     started = time.monotonic()
-    chime.wait(0.05)
+    assert chime.wait(0.05) is None
     assert time.monotonic() - started >= 0.04, "a drained bell rang"
-    chime.ring([mine])
-    chime.wait(30)  # returns at once: the datagram waits in the buffer
+    chime.ring([(mine, b"c 3")])
+    # Returns at once: the datagram waits in the buffer.
+    assert chime.wait(30) == b"c 3"
     # A forked child forgets its parent's bell, and binds its own.
     chime.forget()
     assert not bells.rings(mine), "the inherited bell was left open"
@@ -719,6 +768,8 @@ class TestWakes:
         place = _rows(waking, token=token, kind="queued").get()
         assert place.channel.startswith("distlock_wait_")
         assert waking.release(first)  # rings nobody
+        if waking.dialect.vendor == "sqlite":  # passed over: the place goes
+            assert not _rows(waking, token=token).exists()
         lease = waking.acquire(name, 60, 0, one)
         assert lease is not None, "the waiter that has gone held the permit up"
         assert waking.release(lease)
@@ -731,43 +782,44 @@ class TestRowsReused:
 
     @pytest.mark.parametrize("kind", [SHARED, permit(3)], ids=["shared", "permit"])
     def test_a_release_leaves_a_free_row_the_next_holder_takes(
-        self, handing, name, kind
+        self, handing_pg, name, kind
     ):
-        digest = handing._kind_digest(name, kind)
-        rows = _rows(handing, digest=digest)
-        first = handing.acquire(name, 10, 0, kind)
+        digest = handing_pg._kind_digest(name, kind)
+        rows = _rows(handing_pg, digest=digest)
+        first = handing_pg.acquire(name, 10, 0, kind)
         row = rows.get()
-        assert handing.release(first)
+        assert handing_pg.release(first)
         assert rows.get().kind == "free" and rows.get().token == ""
         for _ in range(5):
-            lease = handing.acquire(name, 10, 0, kind)
+            lease = handing_pg.acquire(name, 10, 0, kind)
             assert rows.get().id == row.id and rows.get().token == lease.token
-            assert handing.release(lease)
-        assert list(handing.holders(name)) == []
-        two = [handing.acquire(name, 10, 0, kind) for _ in range(2)]
+            assert handing_pg.release(lease)
+        assert list(handing_pg.holders(name)) == []
+        two = [handing_pg.acquire(name, 10, 0, kind) for _ in range(2)]
         assert rows.count() == 2
-        assert all(handing.release(lease) for lease in two)
-        assert handing.clear_stale() == 0  # free rows are not leases
+        assert all(handing_pg.release(lease) for lease in two)
+        assert handing_pg.clear_stale() == 0  # free rows are not leases
         assert not rows.exists()
 
-    def test_a_reused_place_queues_behind_earlier_waiters(self, handing, name):
+    def test_a_reused_place_queues_behind_earlier_waiters(self, handing_pg, name):
         # A waiter's turn is the time it queued, not its row's id: a free row
         # (here a waiter's that gave up) may be older than the places behind
         # which it is taken.
         one = permit(1)
-        digest = handing._kind_digest(name, one)
-        holder = handing.acquire(name, 10, 0, one)
+        digest = handing_pg._kind_digest(name, one)
+        holder = handing_pg.acquire(name, 10, 0, one)
         gone, early, late = "f" * 32, "1" * 32, "2" * 32
         for token in (gone, early):
-            assert _queue(handing, name, token)[0] is None
-        handing._withdraw(digest, gone)
-        assert _queue(handing, name, late)[0] is None
+            assert _queue(handing_pg, name, token)[0] is None
+        handing_pg._withdraw(digest, gone)
+        assert _queue(handing_pg, name, late)[0] is None
         assert (
-            _rows(handing, token=late).get().id < _rows(handing, token=early).get().id
+            _rows(handing_pg, token=late).get().id
+            < _rows(handing_pg, token=early).get().id
         )
-        assert handing.release(holder)
-        assert _rows(handing, token=early).get().kind == "permit"
-        assert _rows(handing, token=late).get().kind == "queued"
+        assert handing_pg.release(holder)
+        assert _rows(handing_pg, token=early).get().kind == "permit"
+        assert _rows(handing_pg, token=late).get().kind == "queued"
 
 
 # -- leases nobody holds ------------------------------------------------------

@@ -93,30 +93,30 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
 
         On PostgreSQL reached directly through psycopg 3.2+, whatever
         ``WAIT`` says: a permit waiter sleeps on LISTEN until a release
-        grants it its permit (migration 0006), so semaphores never poll.
-        On MariaDB and on SQLite (Linux) a release wakes the waiters it
-        frees a permit for (:attr:`wakes_permit_waiters`). Elsewhere (MySQL,
+        grants it its permit (migration 0006), so semaphores never poll. On
+        a SQLite file on Linux: the grant goes to the waiter's bell
+        (:mod:`.bells`). On MariaDB a release wakes the waiters it frees a
+        permit for (:attr:`wakes_permit_waiters`). Elsewhere (MySQL,
         psycopg2, a transaction pooler, SQLite in memory or off Linux)
         permit waiters poll like every other waiter.
         """
         if self._dialect is None:
             self._setup()
-        return self._handover
+        return self._handover or self._bells is not None
 
     @property
     def wakes_permit_waiters(self) -> bool:
         """Whether a semaphore's waiters sleep until a release wakes them.
 
-        True where permits are handed over (:attr:`hands_over`); on
-        MariaDB, where a waiter waits in the database (``GET_LOCK`` with a
-        timeout, on a lock its process holds) and the release that frees a
-        permit for it cuts the wait short (``KILL QUERY ID``); and on a
-        SQLite file on Linux, where the release sends the waiter a datagram
-        (:mod:`.bells`). Asks a MySQL server which it is, once.
+        True where permits are handed over (:attr:`hands_over`:
+        PostgreSQL, a SQLite file on Linux), and on MariaDB, where a waiter
+        waits in the database (``GET_LOCK`` with a timeout, on a lock its
+        process holds) and the release that frees a permit for it cuts the
+        wait short (``KILL QUERY ID``). Asks a MySQL server which it is, once.
         """
         if self._dialect is None:
             self._setup()
-        if self._handover:
+        if self.hands_over:
             return True
         return bool(self._rings) or (
             self._rings is None and self._call("check the server", self._wakes)

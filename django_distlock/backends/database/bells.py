@@ -1,15 +1,16 @@
-"""How a permit's release wakes its waiters on SQLite: a datagram each.
+"""How a permit's release hands it over on SQLite: a datagram to its waiter.
 
 SQLite cannot signal from one connection to another, but every process of
 one SQLite database runs on one host. So a thread that queues for a permit
 binds a Unix datagram socket in Linux's abstract namespace (no file to
 clean up: the name goes with the socket) and names it in its place in the
-queue; a release that frees a permit sends the waiters first in line an
-empty datagram once it has committed. A datagram sent between a waiter's
-attempt and its wait stays in the socket's buffer, so no wake-up is lost;
-one left over from an earlier wait only costs an extra attempt. A bell
-that nobody has bound any more (:func:`rings`) tells that its waiter has
-gone: SQL asks through a function of the connection (:data:`SQL_FUNCTION`).
+queue; a release that frees a permit grants it to the waiter first in line,
+in its transaction, and once it has committed sends that waiter's bell a
+datagram with the waiter's token and fencing token. A datagram sent between
+a waiter's attempt and its wait stays in the socket's buffer, so no grant
+goes unheard; one left over from an earlier wait names another token and is
+passed over. A bell that nobody has bound any more (:func:`rings`) tells
+that its waiter has gone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import threading
 from collections.abc import Iterable
 
 __all__ = ["AVAILABLE", "SQL_FUNCTION", "Bells", "rings"]
+
+#: Longest datagram a bell reads: a token, a space and a fencing token.
+MESSAGE_SIZE = 128
 
 #: Whether this platform has Linux's abstract socket namespace.
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "AF_UNIX")
@@ -95,31 +99,35 @@ class Bells:
         sock.setblocking(False)
         try:
             while True:
-                sock.recv(1)
+                sock.recv(MESSAGE_SIZE)
         except BlockingIOError:
             pass
 
-    def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for this thread's bell to ring."""
+    def wait(self, timeout: float) -> bytes | None:
+        """Wait up to ``timeout`` seconds for this thread's bell to ring.
+
+        Return the datagram (empty: a wake-up without a grant), or None if
+        none came.
+        """
         sock = self._mine()
         if sock is None:
-            return  # no place names a bell of this thread yet: try again now
+            return None  # no place names a bell of this thread yet: try again now
         sock.settimeout(max(timeout, 0.0))
         try:
-            sock.recv(1)
+            return sock.recv(MESSAGE_SIZE)
         except TimeoutError:
-            pass
+            return None
 
-    def ring(self, names: Iterable[str]) -> None:
-        """Ring the bells ``names``; a bell whose thread has gone is passed."""
+    def ring(self, messages: Iterable[tuple[str, bytes]]) -> None:
+        """Send each bell its message; a bell whose thread has gone is passed."""
         with self._lock:
             if self._sender is None:
                 self._sender = _socket()
             sender = self._sender
-        for name in names:
+        for name, message in messages:
             try:
-                sender.sendto(b"", socket.MSG_DONTWAIT, "\0" + name)
+                sender.sendto(message, socket.MSG_DONTWAIT, "\0" + name)
             except OSError:
-                # Refused: the waiter has gone (statements pass its place
-                # over). Full: it has wake-ups it has not read yet.
+                # Refused: the waiter has gone (its place is passed over).
+                # Full: it has datagrams it has not read yet.
                 pass

@@ -183,7 +183,7 @@ class Dialect:
             # then does it look for waiters to wake.
             "row_locked_waiting": (
                 f"SELECT (SELECT count(*) FROM {shares} WHERE digest = %s AND "
-                f"kind = 'queued' AND {live}) FROM {table} WHERE digest = %s"
+                f"kind = 'queued' AND {live}), fence FROM {table} WHERE digest = %s"
                 f"{self.for_update}"
             ),
             "create_free": (
@@ -196,11 +196,12 @@ class Dialect:
                 f"SELECT {remaining} FROM {shares} WHERE digest = %s "
                 f"AND kind = 'writer' AND {live}"
             ),
-            # ``channel``: where a queued permit waiter is woken (MariaDB).
+            # ``channel``: where a queued permit waiter is woken (MariaDB) or
+            # handed its permit (SQLite), which lasts ``ttl`` seconds.
             "share_insert": (
                 f"INSERT INTO {shares} (digest, kind, permits, token, fence, host, "
-                "pid, thread, channel, acquired_at, expires_at) VALUES "
-                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, {now}, {later})"
+                "pid, thread, channel, ttl, acquired_at, expires_at) VALUES "
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now}, {later})"
             ),
             # expires_at first: MySQL's SET sees the values set before it.
             "mark": (
@@ -404,16 +405,24 @@ class SQLiteDialect(Dialect):
         self.waiter_alive = f" AND (channel IS NULL OR {function}(channel))"
 
     def extend_sql(self, sql: dict[str, str]) -> None:
-        # The bells (see bells.py) of the first waiters in line, as many as
-        # there are free permits; a negative LIMIT would mean no limit.
-        shares, live = SHARES, f"expires_at > {self.now}"
-        sql["permit_wake"] = (
-            f"SELECT channel FROM {shares} WHERE digest = %s AND kind = 'queued' "
-            f"AND {live} AND channel IS NOT NULL{self.waiter_alive} "
-            "ORDER BY id LIMIT max(0, "
-            f"(SELECT COALESCE(max(permits), 0) FROM {shares} WHERE digest = %s "
-            f"AND kind = 'queued') - (SELECT count(*) FROM {shares} WHERE "
-            f"digest = %s AND kind = 'permit' AND {live}))"
+        # A permit's release hands the free permits to the waiters first in
+        # line (see bells.py): it reads the queue, grants, and passes over
+        # (deletes) the places of waiters that have gone.
+        shares, now, later = SHARES, self.now, self.later
+        live = f"expires_at > {now}"
+        sql["permit_queue"] = (
+            f"SELECT id, token, ttl, channel, permits FROM {shares} WHERE "
+            f"digest = %s AND kind = 'queued' AND {live} ORDER BY id"
+        )
+        sql["place_grant"] = (
+            f"UPDATE {shares} SET kind = 'permit', fence = %s, "
+            f"acquired_at = {now}, expires_at = {later} WHERE id = %s"
+        )
+        sql["place_drop"] = f"DELETE FROM {shares} WHERE id = %s"
+        # A waiter's attempt finds the permit a release handed it meanwhile.
+        sql["place_granted"] = (
+            f"SELECT fence FROM {shares} WHERE digest = %s AND token = %s "
+            f"AND kind = 'permit' AND {live}"
         )
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from ...exceptions import LockBackendError
 from ..base import Holder, Lease
 from ..kinds import SHARED, Kind, permit
+from .bells import rings
 from .dialects import PERMITS_MARK, SHARED_MARK
 from .names import decode_name, encode_name
 from .waiting import _channel
@@ -90,6 +91,7 @@ class SharesMixin:
     _wakes: Any
     _rings: bool | None
     _bell: Any
+    _bells: Any
     _ring: Any
     _call: Any
     _statement: Any
@@ -194,7 +196,12 @@ class SharesMixin:
             fence = int(fence)
             run(cur, "shares_purge", (digest,))
             if kind.mode == "permit":
-                waited = self._permit_room(cur, name, digest, token, identity, kind)
+                handed = self._handed(cur, digest, token)
+                if handed is not None:
+                    return handed, 0.0
+                waited = self._permit_room(
+                    cur, name, digest, token, identity, kind, ttl
+                )
                 if waited is not None:
                     return None, waited
                 fence += 1  # each permit a fencing token of its own
@@ -211,7 +218,7 @@ class SharesMixin:
                 cur,
                 "share_insert",
                 (digest, kind.mode, kind.limit, token, fence, host, pid, thread)
-                + (None, ttl_p),
+                + (None, None, ttl_p),
             )
             mark = self._mark(kind.mode)
             run(cur, "mark", (mark, ttl_p, ttl_p, mark, fence, digest))
@@ -245,6 +252,15 @@ class SharesMixin:
         self._queued.discard(token)
         return int(fence), 0.0
 
+    def _handed(self, cur: Any, digest: str, token: str) -> int | None:
+        """Return the fence of the permit a release handed ``token``'s place
+        meanwhile (SQLite), or None."""
+        if self._bells is None or token not in self._queued:
+            return None
+        self._statement(cur, "place_granted", (digest, token))
+        rows = cur.fetchall()
+        return int(rows[0][0]) if rows else None
+
     def _permit_room(
         self,
         cur: Any,
@@ -253,6 +269,7 @@ class SharesMixin:
         token: str,
         identity: tuple[str, int, str],
         kind: Kind,
+        ttl: float,
     ) -> float | None:
         """Return None if a permit is free for ``token``, else a wait hint.
 
@@ -271,7 +288,7 @@ class SharesMixin:
             if token in self._queued:
                 run(cur, "share_delete", (digest, token))
             return None
-        self._hold_place(cur, digest, token, identity, "queued", kind.limit)
+        self._hold_place(cur, digest, token, identity, "queued", kind.limit, ttl)
         if soonest is None and self._rings:
             # Permits are free, for the waiters ahead, who take them; a
             # release or a withdrawal ahead rings this waiter when it has
@@ -287,11 +304,18 @@ class SharesMixin:
         identity: tuple[str, int, str],
         mode: str,
         limit: int | None = None,
+        ttl: float | None = None,
     ) -> None:
-        """Keep ``token``'s place in the queue of ``digest`` for a while."""
+        """Keep ``token``'s place in the queue of ``digest`` for a while.
+
+        A permit waiter with a bell (SQLite) is handed its permit, of
+        ``ttl`` seconds, by the release that frees it.
+        """
         ttl_p = self._dialect.ttl_param(self._waiter_ttl())
         wakes = mode == "queued" and self._wakes(cursor)
         bell = self._bell(cursor) if wakes else None
+        if bell is None or self._bells is None:
+            ttl = None
         if token in self._queued:
             self._statement(cursor, "share_refresh", (ttl_p, bell, digest, token))
             if cursor.rowcount == 1:
@@ -302,7 +326,7 @@ class SharesMixin:
         self._statement(
             cursor,
             "share_insert",
-            (digest, mode, limit, token, 0, host, pid, thread, bell, ttl_p),
+            (digest, mode, limit, token, 0, host, pid, thread, bell, ttl, ttl_p),
         )
         self._queued.add(token)
 
@@ -326,9 +350,9 @@ class SharesMixin:
         self, cursor: Any, digest: str, token: str, wake: bool = False
     ) -> None:
         self._queued.discard(token)
-        if wake and self._dialect.share_functions:
-            # The release function also gives back a permit handed over
-            # meanwhile, and grants the room to the next in line.
+        if wake and (self._dialect.share_functions or self._bells is not None):
+            # The release also gives back a permit handed over meanwhile,
+            # and grants the room to the next in line.
             self._release_share_once(cursor, digest, token)
             return
         self._statement(cursor, "share_delete", (digest, token))
@@ -346,13 +370,15 @@ class SharesMixin:
 
     def _unshare(
         self, cur: Any, digest: str, token: str, wakes: bool = False
-    ) -> tuple[bool, bool, bool]:
+    ) -> tuple[bool, bool, bool, list[tuple[str, bytes]]]:
         """Remove the holder or waiter ``token``.
 
-        Return ``(found, was live, waiters queued)``; the last is asked
-        only if ``wakes``. Inside a transaction: the name's row is locked
-        first. SQLite and MariaDB only: PostgreSQL releases through
-        ``distlock_share_release``.
+        Return ``(found, was live, waiters queued, grants)``; the last two
+        only if ``wakes``. On SQLite the free permits are handed to the
+        waiters first in line: ``grants`` are the messages for their bells,
+        to send once the transaction has committed. Inside a transaction:
+        the name's row is locked first. SQLite and MariaDB only: PostgreSQL
+        releases through ``distlock_share_release``.
         """
         run = self._statement
         if wakes:
@@ -364,13 +390,51 @@ class SharesMixin:
         run(cur, "share_live", (token, digest))
         rows = cur.fetchall()
         if not rows:
-            return False, False, waiting
+            return False, False, waiting, []
         live, mode = rows[0]
         run(cur, "share_delete", (digest, token))
         if mode in ("shared", "permit"):
             mark = self._mark(mode)
             run(cur, "unmark", (digest, mode, digest, mode, digest, mark))
-        return True, bool(live), waiting
+        grants = []
+        if waiting and self._bells is not None and mode in ("permit", "queued"):
+            grants = self._hand_over(cur, digest, int(locked[0][1]))
+        return True, bool(live), waiting, grants
+
+    def _hand_over(self, cur: Any, digest: str, fence: int) -> list[tuple[str, bytes]]:
+        """Grant the free permits of ``digest`` to the waiters first in line.
+
+        SQLite, inside the release's transaction; ``fence`` is the name's
+        last fencing token. Return the message for each waiter's bell: its
+        token and its permit's fencing token. A waiter whose bell nobody has
+        bound any more has gone: its place is dropped. One queued by an
+        earlier version (no ``ttl``) is only woken, and takes the permit.
+        """
+        run = self._statement
+        run(cur, "permit_queue", (digest,))
+        queue = cur.fetchall()
+        if not queue:  # the one queued was the release's own place
+            return []
+        run(cur, "permit_count", (digest,))
+        room = max(int(row[4] or 0) for row in queue) - int(cur.fetchall()[0][0])
+        messages = []
+        for place, waiter, ttl, bell, _limit in queue:
+            if room <= 0:
+                break
+            if not rings(bell):
+                run(cur, "place_drop", (place,))
+                continue
+            room -= 1
+            if bell is None or ttl is None:
+                if bell is not None:
+                    messages.append((bell, b""))
+                continue
+            fence += 1
+            ttl_p = self._dialect.ttl_param(ttl)
+            run(cur, "place_grant", (fence, ttl_p, place))
+            run(cur, "mark", (PERMITS_MARK, ttl_p, ttl_p, PERMITS_MARK, fence, digest))
+            messages.append((bell, f"{waiter} {fence}".encode()))
+        return messages
 
     def _release_share_once(
         self, cursor: Any, digest: str, token: str, permit: bool = True
@@ -385,11 +449,14 @@ class SharesMixin:
             found, live = cursor.fetchall()[0]
             return bool(found), bool(live)
         wakes = permit and self._wakes(cursor)
-        found, live, waiting = self._transaction(
+        found, live, waiting, grants = self._transaction(
             cursor, lambda cur: self._unshare(cur, digest, token, wakes)
         )
-        if waiting:
-            self._ring(cursor, digest)  # once the release has committed
+        # Once the release has committed:
+        if self._bells is not None:
+            self._bells.ring(grants)
+        elif waiting:
+            self._ring(cursor, digest)
         return found, live
 
     def _release_share(self, lease: Lease) -> bool:

@@ -134,16 +134,13 @@ class WaitingMixin:
             self._gate_lost()
 
     def _ring(self, cursor: Any, digest: str) -> None:
-        """Wake the permit waiters of ``digest`` that have room now.
+        """Wake the permit waiters of ``digest`` that have room now (MariaDB).
 
         Best effort, after the release committed: a waiter not woken wakes
         at the end of its sleep, when its permit's holders could expire.
         """
         try:
             self._statement(cursor, "permit_wake", (digest, digest, digest))
-            if self._bells is not None:
-                self._bells.ring(channel for (channel,) in cursor.fetchall())
-                return
             for (query,) in cursor.fetchall():
                 try:
                     cursor.execute("KILL QUERY ID %s", [int(query)])
@@ -209,6 +206,25 @@ class WaitingMixin:
         for note in cursor.connection.notifies(timeout=timeout):
             if note.channel == own and note.payload.startswith(mine):
                 return int(note.payload[len(mine) :])
+        return None
+
+    @staticmethod
+    def _wait_rung(bells: Bells, token: str, timeout: float) -> int | None:
+        """Wait on this thread's bell for a release to hand ``token`` a
+        permit (SQLite); return its fence, or None to attempt again.
+
+        A datagram for an earlier waiter of this thread (handed a permit as
+        it gave up, which its withdrawal gave back) is passed over; an empty
+        one (a release by an earlier version) only wakes.
+        """
+        deadline = time.monotonic() + timeout
+        mine = f"{token} ".encode()
+        while (left := deadline - time.monotonic()) > 0:
+            message = bells.wait(left)
+            if not message:
+                return None
+            if message.startswith(mine):
+                return int(message[len(mine) :])
         return None
 
     def _listen_and_attempt(
@@ -296,10 +312,11 @@ class WaitingMixin:
         in the queue names its connection's channel; a release that frees a
         permit grants it to the first waiter in line and sends it the
         fencing token there, so the waiter has it without another attempt.
+        SQLite (Linux): the same, the place naming the thread's bell
+        (:mod:`.bells`), where the release sends the fencing token.
         MariaDB: the waiter waits in the database until a release that frees
         a permit for it interrupts the wait (:meth:`_doze`, :meth:`_ring`),
-        and then takes the permit; SQLite: the same, the wait on the
-        thread's bell (:mod:`.bells`). An attempt after each wait that ends
+        and then takes the permit. An attempt after each wait that ends
         without one (a holder's lease ran out, a wake-up was lost) finds a
         permit handed over meanwhile, or takes a free one.
         """
@@ -325,7 +342,7 @@ class WaitingMixin:
             if handed:
                 fence = self._call("wait", self._wait_handed, token, wait)
             elif bells is not None:
-                bells.wait(wait)
+                fence = self._wait_rung(bells, token, wait)
             else:
                 self._call("wait", self._doze, digest, token, kind.limit, wait)
             if fence is not None:
