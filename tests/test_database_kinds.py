@@ -454,6 +454,35 @@ class TestHandover:
         assert handing.force_release_many([(name, token, permit(1))]) == [True]
         assert handing.acquire(name, 10, 0, permit(1)) is not None
 
+    def test_a_connection_listens_only_while_it_waits(self, handing_pg, name):
+        # Every NOTIFY signals every listening backend of the database: a
+        # connection that once waited must not stay among them (0009).
+        backend = handing_pg
+
+        def listened() -> list[str]:
+            def channels(cursor) -> list[str]:
+                cursor.execute("SELECT pg_listening_channels()")
+                return [c for (c,) in cursor.fetchall() if "_wait_" in c]
+
+            return backend._call("check", channels)
+
+        first = backend.acquire(name, 10, 5, permit(1))  # free: no wait
+        assert listened() == []
+        token = "a" * 32
+        assert _queue(backend, name, token)[0] is None
+        assert listened() == [_rows(backend, token=token).get().channel]
+        assert backend.release(first)  # hands the permit over, on this session
+        fence = _handed(backend, token)
+        assert fence is not None and listened() != []
+        assert backend.force_release_many([(name, token, permit(1))]) == [True]
+        assert listened() == []
+        # A place given up stops it too.
+        holder = backend.acquire(name, 10, 0, permit(1))
+        assert _queue(backend, name, "b" * 32)[0] is None and listened() != []
+        backend._withdraw(backend._kind_digest(name, permit(1)), "b" * 32)
+        assert listened() == []
+        assert backend.release(holder)
+
     def test_a_waiter_that_gives_up_passes_its_permit_on(self, handing, name):
         first = handing.acquire(name, 10, 0, permit(1))
         early, late = "b" * 32, "c" * 32

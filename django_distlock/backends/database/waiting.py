@@ -154,7 +154,9 @@ class WaitingMixin:
     def _listen_state(self, cursor: Any) -> tuple[Any, set[str], str]:
         # This thread's *current* connection, the channels it listens to and
         # its own channel, where releases hand its permit waiters their
-        # permits (on MariaDB: its bell, held once it is in the set); a
+        # permits (in the set once the connection holds the channel's
+        # advisory lock, the functions listening on it while the connection
+        # waits; on MariaDB: its bell, held once it is in the set); a
         # reconnection starts again from nothing.
         raw = cursor.connection
         state = getattr(self._local, "listen", None)
@@ -169,8 +171,8 @@ class WaitingMixin:
     def _handover_channel(self, cursor: Any) -> str | None:
         """Return the channel this connection takes handed-over permits on.
 
-        None unless the connection listens to it: a release would otherwise
-        grant a permit that nobody hears of until the waiter's next attempt.
+        None until the connection holds the channel's advisory lock: a
+        release would otherwise take the waiter for gone (migration 0008).
         """
         if not self._handover:
             return None
@@ -180,11 +182,13 @@ class WaitingMixin:
     def _listen_own_and_attempt(self, cursor: Any, *args: Any) -> Any:
         _raw, listening, own = self._listen_state(cursor)
         if own not in listening:
-            # Once per connection, and never unlistened: the channel is the
-            # connection's, not one acquisition's. The advisory lock on its
-            # name lives as long as the connection: a release that finds it
-            # free passes this connection's waiters over (migration 0008).
-            cursor.execute(f"LISTEN {own}")
+            # Once per connection: the channel is the connection's, not one
+            # acquisition's. The advisory lock on its name lives as long as
+            # the connection: a release that finds it free passes this
+            # connection's waiters over (migration 0008). The connection
+            # listens on it only while it waits: the acquisition function
+            # LISTENs as it queues the waiter and UNLISTENs as it grants,
+            # and the release function UNLISTENs (migration 0009).
             cursor.execute(
                 "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [own]
             )
