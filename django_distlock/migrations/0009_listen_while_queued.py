@@ -12,14 +12,15 @@ for a permit, waiting or not.
 Now the acquisition function listens on ``p_channel`` in the transaction
 that queues the waiter, and stops listening in the one that grants it a
 permit; the release of a handed permit, or of a place given up, stops
-listening on its channel. ``LISTEN`` and ``UNLISTEN`` take effect when the function's
-transaction commits. A release that hands the permit over takes the row
+listening on its channel. ``LISTEN`` and ``UNLISTEN`` take effect when the
+function's transaction commits. A release that hands the permit over takes the row
 lock of the name after the queueing transaction let it go, so its
 notification comes after the waiter listens: none is lost. No round trip
 is added; the client no longer sends ``LISTEN`` itself.
 """
 
 from importlib import import_module
+from textwrap import indent
 
 from django.db import migrations
 
@@ -28,19 +29,28 @@ BEFORE_RELEASE = import_module(
     "django_distlock.migrations.0008_handover_skips_dead_waiters"
 )
 
-#: Stop listening on the waiter's channel, if the session listens on it
-#: and has no other place in the name's queue.
-_UNLISTEN = """IF p_channel IS NOT NULL
-       AND p_channel = ANY (ARRAY(SELECT pg_listening_channels()))
-       AND NOT EXISTS (SELECT 1 FROM django_distlock_lockshare
-                        WHERE digest = p_digest AND kind = 'queued'
-                          AND channel = p_channel) THEN
-        EXECUTE 'UNLISTEN ' || quote_ident(p_channel);
-    END IF;"""
+
+
+def _unlisten(channel: str, depth: int) -> str:
+    """PL/pgSQL, ``depth`` blocks deep: stop listening on ``channel`` if
+    the session listens on it and has no other place in the name's queue."""
+    sql = f"""IF {channel} IS NOT NULL
+   AND {channel} = ANY (ARRAY(SELECT pg_listening_channels()))
+   AND NOT EXISTS (SELECT 1 FROM django_distlock_lockshare
+                    WHERE digest = p_digest AND kind = 'queued'
+                      AND channel = {channel}) THEN
+    EXECUTE 'UNLISTEN ' || quote_ident({channel});
+END IF;"""
+    return indent(sql, "    " * depth).lstrip()
+
+
 #: Listen on the waiter's channel (nothing more if it does already).
-_LISTEN = """IF p_channel IS NOT NULL THEN
-        EXECUTE 'LISTEN ' || quote_ident(p_channel);
-    END IF;"""
+_LISTEN = indent(
+    """IF p_channel IS NOT NULL THEN
+    EXECUTE 'LISTEN ' || quote_ident(p_channel);
+END IF;""",
+    "        ",
+).lstrip()
 
 
 def _edit(sql: str, old: str, new: str) -> str:
@@ -61,7 +71,7 @@ ACQUIRE = _edit(
     """            -- Handed over while the notification was on its way.
             o_fence := v_granted;""",
     f"""            -- Handed over while the notification was on its way.
-            {_UNLISTEN.replace(chr(10), chr(10) + "        ")}
+            {_unlisten("p_channel", 3)}
             o_fence := v_granted;""",
 )
 ACQUIRE = _edit(
@@ -69,7 +79,7 @@ ACQUIRE = _edit(
     """    IF v_kind IS NULL THEN
         RETURN;  -- a waiter's place refreshed""",
     f"""    IF v_kind IS NULL THEN
-        {_LISTEN.replace(chr(10), chr(10) + "    ")}
+        {_LISTEN}
         RETURN;  -- a waiter's place refreshed""",
 )
 ACQUIRE = _edit(
@@ -77,7 +87,7 @@ ACQUIRE = _edit(
     """    IF v_kind = 'queued' THEN
         RETURN;""",
     f"""    IF v_kind = 'queued' THEN
-        {_LISTEN.replace(chr(10), chr(10) + "    ")}
+        {_LISTEN}
         RETURN;""",
 )
 ACQUIRE = _edit(
@@ -88,7 +98,7 @@ END""",
     f"""    IF v_mine_at IS NOT NULL THEN
         -- A waiter that had queued (and listened): the common, uncontended
         -- grant does not even look.
-        {_UNLISTEN.replace(chr(10), chr(10) + "    ")}
+        {_unlisten("p_channel", 2)}
     END IF;
     o_fence := v_fence;
     o_wait := 0;
@@ -113,7 +123,7 @@ RELEASE = _edit(
         o_live := false;
         RETURN;
     END IF;""",
-    """    RETURNING was.expires_at > clock_timestamp(), was.kind, was.permits,
+    f"""    RETURNING was.expires_at > clock_timestamp(), was.kind, was.permits,
               was.channel
          INTO o_live, v_kind, v_limit, v_listened;
     o_found := FOUND;
@@ -123,13 +133,7 @@ RELEASE = _edit(
     END IF;
     -- A permit handed to this session, or its place given up: it waits no
     -- more, and stops listening (unless it has another place in line).
-    IF v_listened IS NOT NULL
-       AND v_listened = ANY (ARRAY(SELECT pg_listening_channels()))
-       AND NOT EXISTS (SELECT 1 FROM django_distlock_lockshare
-                        WHERE digest = p_digest AND kind = 'queued'
-                          AND channel = v_listened) THEN
-        EXECUTE 'UNLISTEN ' || quote_ident(v_listened);
-    END IF;""",
+    {_unlisten("v_listened", 1)}""",
 )
 
 

@@ -452,10 +452,10 @@ class SharesMixin:
         found, live, waiting, grants = self._transaction(
             cursor, lambda cur: self._unshare(cur, digest, token, wakes)
         )
-        # Once the release has committed:
-        if self._bells is not None:
+        # Once the release has committed (SQLite's grants, MariaDB's wake):
+        if grants:
             self._bells.ring(grants)
-        elif waiting:
+        elif waiting and self._bells is None:
             self._ring(cursor, digest)
         return found, live
 
