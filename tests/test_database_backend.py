@@ -346,6 +346,41 @@ def test_zero_configuration(settings, name):
     assert not [e for e in run_checks() if e.id.startswith("distlock.")]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_waiters_leave_the_holders_transaction_alone(name):
+    # On SQLite a transaction that has read and then writes gets "database
+    # is locked" at once, without the busy timeout, while another connection
+    # holds the file's write lock, which even an UPDATE matching no row takes.
+    # Waiters polling the held lock from other processes must not take it.
+    _sqlite_default()
+    options = {"DATABASE": "default", "MAX_BACKOFF": 0.002}
+    with override_settings(LOCKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
+        product = Product.objects.create(sku=uuid.uuid4().hex[:16])
+        waiters: list = []
+        with lock(name, auto_renew=False):
+            runner = threading.Thread(
+                target=lambda: waiters.extend(
+                    run_in_processes(workers.try_acquire, [(name, 2.0)] * 3)
+                )
+            )
+            runner.start()
+            failures = 0
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:
+                try:
+                    with transaction.atomic():
+                        stock = Product.objects.get(pk=product.pk).stock  # reads
+                        Product.objects.filter(pk=product.pk).update(stock=stock + 1)
+                except Exception as e:  # noqa: BLE001 - counted, then asserted
+                    assert "database is locked" in str(e), e
+                    failures += 1
+            runner.join(30)
+        assert waiters == [None, None, None]  # they waited all along
+        assert failures == 0
+        assert lock(name, timeout=0).acquire() is True
+    locks.reset()
+
+
 @pytest.mark.django_db
 def test_in_memory_sqlite_runs_on_the_callers_connection(name):
     # Like a TestCase on Django's default in-memory test database: the test

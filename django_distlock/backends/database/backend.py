@@ -167,12 +167,21 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
 
         ``kind`` is None for an exclusive lease.
         """
+        dialect = self._dialect
+        run = self._statement
+        if dialect.looks_first and (kind is None or kind.mode == "shared"):
+            # Leave the file's write lock alone while an exclusive lease lives.
+            run(cursor, "probe_for", (token, digest))
+            rows = cursor.fetchall()
+            if rows and not rows[0][0]:
+                if kind is None:
+                    return self._busy(cursor, digest, token, identity, rows[0])
+                if not rows[0][2]:  # held exclusively: readers wait it out
+                    return None, max(0.0, float(rows[0][1] or 0.0))
         if kind is not None:
             return self._attempt_share(cursor, name, digest, token, ttl, identity, kind)
-        dialect = self._dialect
         host, pid, thread = identity
         ttl_p = dialect.ttl_param(ttl)
-        run = self._statement
         run(cursor, "acquire", (token, host, pid, thread, ttl_p, digest, token))
         if dialect.returning:
             # fetchall, not fetchone: SQLite commits when the statement ends.
@@ -194,9 +203,21 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
                 lambda cur: self._create(cur, name, digest, token, ttl_p, identity),
             )
             return fence, 0.0
-        free, remaining, shared = rows[0]
-        if free:
+        if rows[0][0]:
             return None, 0.0  # released between the two statements: go again
+        return self._busy(cursor, digest, token, identity, rows[0])
+
+    def _busy(
+        self,
+        cursor: Any,
+        digest: str,
+        token: str,
+        identity: tuple[str, int, str],
+        probed: tuple,
+    ) -> tuple[None, float]:
+        """An exclusive attempt found ``digest`` held (``probed``: the row as
+        the ``probe`` statement reads it): return the wait worth waiting."""
+        _free, remaining, shared = probed
         if shared:
             # Queue up: new shared requests now wait behind this one.
             self._queue_writer(cursor, digest, token, identity)

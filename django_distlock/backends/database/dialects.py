@@ -61,6 +61,8 @@ class Dialect:
     share_functions = False
     #: A further condition on a queued place: its waiter is still there.
     waiter_alive = ""
+    #: An exclusive attempt looks before it writes (see SQLiteDialect).
+    looks_first = False
 
     def ttl_param(self, seconds: float) -> Any:
         """Return ``seconds`` as the parameter of :attr:`later`."""
@@ -101,6 +103,12 @@ class Dialect:
             "probe": (
                 f"SELECT token IS NULL OR expires_at <= {now}, {self.remaining}, "
                 f"token = '{SHARED_MARK}' FROM {table} WHERE digest = %s"
+            ),
+            # As "probe", and free to the attempt whose token holds it.
+            "probe_for": (
+                f"SELECT token IS NULL OR token = %s OR expires_at <= {now}, "
+                f"{self.remaining}, token = '{SHARED_MARK}' FROM {table} "
+                "WHERE digest = %s"
             ),
             "ensure_floor": (
                 f"{self.insert_ignore} {table} "
@@ -383,6 +391,13 @@ class SQLiteDialect(Dialect):
     vendor = "sqlite"
     # The whole file is the lock: BEGIN IMMEDIATE takes the write lock up front.
     begin = "BEGIN IMMEDIATE"
+    # Even an UPDATE that matches no row takes the file's write lock while it
+    # runs, and a transaction that has read and then writes gets SQLITE_BUSY
+    # at once, without the busy timeout, if another connection holds that
+    # lock ("database is locked"): the holder's own transaction, while
+    # waiters try the lock it holds. So an attempt reads the row first and
+    # writes only if the row is free.
+    looks_first = True
     for_update = ""
     for_share = ""
     now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
