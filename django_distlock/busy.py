@@ -85,16 +85,24 @@ def not_acquired(handle: Lock, holder: Holder | None) -> LockNotAcquired:
     except RuntimeError:  # another thread changed it while it was copied
         held = []
     # A permit of the semaphore of the same name is no hold on this lock.
-    nested = any(
-        entry[1:] == key
+    modes = {
+        lease.kind.mode
+        for entry in held
+        if entry[1:] == key
         and (lease := entry[0]()) is not None
         and lease.kind.mode != "permit"
-        for entry in held
-    )
+    }
+    nested = bool(modes)
     if nested and not handle.kind.exclusive:
         message += (
             " This thread (or task) already holds it through another handle: "
             "shared locks do not nest with their holder's other acquisitions."
+        )
+    elif "shared" in modes:
+        message += (
+            " This thread (or task) already holds it shared through another "
+            "handle: a reader cannot take it exclusively as well (there is no "
+            "upgrade); release the shared lock first."
         )
     elif nested:
         message += (

@@ -332,6 +332,16 @@ def test_semaphores_and_locks_live_apart():
         assert not lock("same", timeout=0).acquire()
 
 
+def test_a_reader_that_asks_to_write_is_told_there_is_no_upgrade():
+    with lock("upgrade", shared=True, timeout=0):
+        with pytest.raises(LockNotAcquired) as info:
+            with lock("upgrade", timeout=0):
+                pass
+    message = str(info.value)
+    assert "already holds it shared" in message and "no upgrade" in message
+    assert "Reentrant" not in message  # which offers no shared locks
+
+
 def test_a_permit_is_no_nested_hold_of_the_lock():
     def hold_elsewhere(taken, done):
         with lock("nest", timeout=0):
