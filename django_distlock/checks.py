@@ -45,6 +45,8 @@ distlock.E026  A ``distributed_lock`` view has both ``shared=`` and ``limit=``,
                or a ``limit=`` that is not an int >= 1 (``view_checks.py``).
 distlock.E027  A ``distributed_lock`` view asks for a kind (shared, semaphore)
                its alias's backend does not offer (``view_checks.py``).
+distlock.E029  ``OPTIONS["WAIT_REPLICAS"]`` or ``WAIT_REPLICAS_TIMEOUT`` is
+               invalid (``backends/redis/checks.py``).
 distlock.W001  Redlock with an even number of nodes.
 distlock.W002  The locmem backend with ``DEBUG = False``.
 distlock.W003  The DB backend on SQLite with ``ATOMIC_REQUESTS = True``.

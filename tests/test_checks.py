@@ -157,6 +157,12 @@ def test_locmem_without_debug_warns():
         assert check_locks_setting() == []
 
 
+def test_locmem_reads_no_options():
+    with override_settings(LOCKS=entries(OPTIONS={"BOGUS": 1}), DEBUG=True):
+        (message,) = check_locks_setting()
+    assert message.id == "distlock.E009" and "BOGUS" in message.msg
+
+
 @pytest.mark.parametrize(
     "locks_setting",
     [

@@ -126,6 +126,8 @@ class LocMemLockBackend(BaseLockBackend):
     """Locks held in this process's memory (``LOCATION`` names a separate table)."""
 
     kinds = frozenset({"exclusive", "shared", "permit"})
+    #: It reads no OPTIONS: any key is reported (``distlock.E009``).
+    options_schema: dict = {}
 
     def __init__(self, alias, params):
         super().__init__(alias, params)
