@@ -224,7 +224,8 @@ class TestPermits:
     def test_limit_mismatch(self, backend):
         name = unique("mismatch")
         p = backend.acquire(name, 30, 0, permit(2))
-        with pytest.raises(ValueError, match="Semaphore .*mismatch.* same limit"):
+        same = "limit of 2 permits, not 3: every holder must pass the same limit"
+        with pytest.raises(ValueError, match=f"Semaphore .*mismatch.* {same}"):
             backend.acquire(name, 30, 0, permit(3))
         with pytest.raises(ValueError):
             backend.acquire(name, 30, 5, permit(1))

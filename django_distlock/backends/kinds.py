@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EXCLUSIVE", "SHARED", "Kind", "permit"]
+__all__ = ["EXCLUSIVE", "SHARED", "Kind", "limit_mismatch", "permit"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,12 @@ SHARED = Kind("shared")
 def permit(limit: int) -> Kind:
     """Return the kind of one permit of a semaphore of ``limit`` permits."""
     return Kind("permit", limit)
+
+
+def limit_mismatch(name: str, theirs: object, mine: int | None) -> ValueError:
+    """Return the error of a permit asked for with ``mine`` permits while
+    semaphore ``name`` is held with ``theirs``: every backend says the same."""
+    return ValueError(
+        f"Semaphore {name!r} is held with a limit of {theirs} permits, not "
+        f"{mine}: every holder must pass the same limit."
+    )

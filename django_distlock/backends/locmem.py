@@ -34,6 +34,7 @@ from .base import (
     new_token,
     permit,
 )
+from .kinds import limit_mismatch
 
 __all__ = ["LocMemLockBackend"]
 
@@ -259,11 +260,7 @@ class LocMemLockBackend(BaseLockBackend):
                     elif not semaphore.holders:
                         semaphore.limit = limit
                     elif semaphore.limit != limit:
-                        raise ValueError(
-                            f"Semaphore {name!r} has a limit of {semaphore.limit} "
-                            f"permits, not {limit}: every holder must pass the "
-                            f"same limit."
-                        )
+                        raise limit_mismatch(name, semaphore.limit, limit)
                     first = not semaphore.queue or semaphore.queue[0] is ticket
                     if first and len(semaphore.holders) < limit:
                         if ticket is not None:

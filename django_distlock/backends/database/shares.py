@@ -35,7 +35,7 @@ from typing import Any
 
 from ...exceptions import LockBackendError
 from ..base import Holder, Lease
-from ..kinds import SHARED, Kind, permit
+from ..kinds import SHARED, Kind, limit_mismatch, permit
 from .bells import rings
 from .dialects import PERMITS_MARK, SHARED_MARK
 from .names import decode_name, encode_name
@@ -71,13 +71,6 @@ def _no_share_table(exc: Exception) -> bool:
     if exc.args and exc.args[0] == 1146:  # MySQL/MariaDB: no such table
         return True
     return "no such table" in str(exc)  # SQLite
-
-
-def _limit_mismatch(name: str, held: int, limit: int | None) -> ValueError:
-    return ValueError(
-        f"Semaphore {name!r} has {held} permits, not {limit}: "
-        "every holder must pass the same limit."
-    )
 
 
 class SharesMixin:
@@ -244,7 +237,7 @@ class SharesMixin:
         self._statement(cursor, "share_acquire", params)
         fence, wait, other = cursor.fetchall()[0]
         if other is not None:
-            raise _limit_mismatch(name, other, kind.limit)
+            raise limit_mismatch(name, other, kind.limit)
         if fence is None:
             if kind.mode == "permit":
                 self._queued.add(token)  # the function kept its place
@@ -279,7 +272,7 @@ class SharesMixin:
         run(cur, "permit_limits", (digest, kind.limit))
         others = cur.fetchall()
         if others:
-            raise _limit_mismatch(name, others[0][0], kind.limit)
+            raise limit_mismatch(name, others[0][0], kind.limit)
         run(cur, "permit_count", (digest,))
         held, soonest = cur.fetchall()[0]
         run(cur, "queue_ahead", (digest, digest, token))

@@ -33,6 +33,7 @@ from asgiref.sync import markcoroutinefunction
 from ...keys import encode_name
 from ..base import EXCLUSIVE, Kind, Lease, holder_identity, new_token
 from ..indoubt import InDoubt
+from ..kinds import limit_mismatch
 from ..scripts import LuaScript, load_script
 from .keys import EXTEND, RELEASE, ms
 
@@ -267,10 +268,7 @@ class RedisKinds:
                 raise
             raise
         if code == -1:
-            raise ValueError(
-                f"Semaphore {name!r} has live permits taken with limit "
-                f"{int(value)}, not {kind.limit}."
-            )
+            raise limit_mismatch(name, int(value), kind.limit)
         if code != 1:
             return None
         return Lease(

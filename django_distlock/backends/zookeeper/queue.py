@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ...exceptions import LockBackendError
 from ..base import Lease
-from ..kinds import Kind
+from ..kinds import Kind, limit_mismatch
 from .nodes import (
     SHARED_MARK,
     NodeInfo,
@@ -93,13 +93,6 @@ def fetch_nodes(client, directory: str, children: list[str]):
             continue
         found.append((child, read_info(data), stat))
     return found
-
-
-def _mismatch(name: str, theirs: int | None, mine: int) -> ValueError:
-    return ValueError(
-        f"Semaphore {name!r} has {theirs} permits, not {mine}: "
-        f"every holder of a semaphore must pass the same limit."
-    )
 
 
 def take_turn(
@@ -244,7 +237,7 @@ def _permit_wait(client, name, directory, ahead, limit, server_now):
             continue
         live.append((info, stat.mtime))
     if live and live[0][0].limit != limit:
-        raise _mismatch(name, live[0][0].limit, limit)
+        raise limit_mismatch(name, live[0][0].limit, limit)
     if gone:
         return _GONE
     if len(live) < limit:
