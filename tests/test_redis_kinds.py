@@ -286,7 +286,8 @@ class KindsContract:
 
     def test_limit_mismatch_raises(self, backend, name):
         held = backend.acquire(name, TTL, 0, permit(2))
-        with pytest.raises(ValueError, match="Semaphore .* limit of 2 permits, not 5") as e:
+        mismatch = "Semaphore .* limit of 2 permits, not 5"
+        with pytest.raises(ValueError, match=mismatch) as e:
             backend.acquire(name, TTL, 0, permit(5))
         assert repr(name) in str(e.value)
         assert backend.release(held)
