@@ -61,7 +61,8 @@ class Dialect:
     share_functions = False
     #: A further condition on a queued place: its waiter is still there.
     waiter_alive = ""
-    #: An exclusive attempt looks before it writes (see SQLiteDialect).
+    #: An exclusive or shared attempt reads the row before it writes (see
+    #: SQLiteDialect).
     looks_first = False
 
     def ttl_param(self, seconds: float) -> Any:
