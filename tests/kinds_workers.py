@@ -12,15 +12,7 @@ import os
 import time
 from pathlib import Path
 
-
-def _barrier(directory: str, parties: int) -> None:
-    """Wait until ``parties`` workers have arrived (files in ``directory``)."""
-    Path(directory, str(os.getpid())).touch()
-    deadline = time.monotonic() + 120
-    while len(os.listdir(directory)) < parties:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the other workers never arrived")
-        time.sleep(0.01)
+from .procs import barrier
 
 
 def kind_worker(
@@ -29,7 +21,7 @@ def kind_worker(
     limit: int | None,
     iterations: int,
     hold: float,
-    barrier: str,
+    barrier_dir: str,
     parties: int,
 ) -> list[tuple[float, float, int, str]]:
     """Take ``name`` ``iterations`` times as ``mode`` and hold it ``hold`` s.
@@ -42,7 +34,7 @@ def kind_worker(
 
     backend = locks["default"]
     kind = {"shared": SHARED, "exclusive": EXCLUSIVE}.get(mode) or permit(limit)
-    _barrier(barrier, parties)
+    barrier(barrier_dir, parties)
     intervals = []
     for _ in range(iterations):
         lease = backend.acquire(name, 30.0, 60.0, kind)

@@ -27,6 +27,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -208,3 +209,17 @@ def start_process(func: Callable, *args) -> multiprocessing.Process:
     )
     proc.start()
     return proc
+
+
+def barrier(directory: str, parties: int, timeout: float = 120) -> None:
+    """Wait in a worker until ``parties`` workers have reached this point.
+
+    Each worker leaves a file in ``directory`` (one the workers share, used
+    for nothing else), so they start their measured part together.
+    """
+    Path(directory, f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(Path(directory).glob("ready-*"))) < parties:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other workers never arrived")
+        time.sleep(0.01)

@@ -28,8 +28,10 @@ from .test_database_backend import ALL_DATABASES, _db_param, _sqlite_default, db
 
 #: Longer than any test here: a lease left behind would still be held.
 TTL = 30.0
-#: How long the name may take to be free once the stall ends, seconds.
-FREE_WITHIN = 0.5
+#: How long the name may take to be free once the stall ends, seconds: a
+#: tenth of the TTL. It is free within milliseconds here; on a loaded CI host
+#: the acquisition's commit and the give-back's took 0.53 s once.
+FREE_WITHIN = 3.0
 
 
 class Stall:

@@ -366,7 +366,9 @@ def test_every_holder_passes_the_same_limit():
     with semaphore("lim", 3, timeout=0):
         with pytest.raises(ValueError) as info:
             semaphore("lim", 4, timeout=0).acquire()
-        assert str(info.value).startswith("Semaphore 'lim' has a limit of 3")
+        assert str(info.value).startswith(
+            "Semaphore 'lim' is held with a limit of 3 permits, not 4"
+        )
     # No live permit: another limit is fine.
     with semaphore("lim", 4, timeout=0):
         pass

@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from .procs import barrier
+
 
 def kind_of(mode: str, limit: int | None):
     """Return the Kind for ``mode`` ("exclusive", "shared" or "permit")."""
@@ -19,16 +21,6 @@ def kind_of(mode: str, limit: int | None):
     if mode == "permit":
         return permit(limit)
     return SHARED if mode == "shared" else EXCLUSIVE
-
-
-def _barrier(directory: str, parties: int) -> None:
-    """Wait until ``parties`` workers have reached this point (a file each)."""
-    Path(directory, f"ready-{os.getpid()}").touch()
-    deadline = time.monotonic() + 120
-    while len(list(Path(directory).glob("ready-*"))) < parties:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the other workers never came")
-        time.sleep(0.01)
 
 
 def hold_repeatedly(
@@ -51,7 +43,7 @@ def hold_repeatedly(
 
     backend = locks[using]
     kind = kind_of(mode, limit)
-    _barrier(barrier_dir, parties)
+    barrier(barrier_dir, parties)
     intervals = []
     for _ in range(iterations):
         lease = backend.acquire(name, 30.0, 120.0, kind)
