@@ -45,6 +45,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from .backends.base import Holder, Kind
+from .backends.holders import visible_name
 from .exceptions import LockError
 from .handler import locks
 from .models import Lock
@@ -82,7 +83,7 @@ class _Row:
 
     def __init__(self, holder: Holder, now: float, can_release: bool):
         self.holder = holder
-        self.name = _display_name(holder.name)
+        self.name = visible_name(_display_name(holder.name))
         self.full_name = _display_name(holder.name, TITLE_WIDTH)
         self.backend = holder.backend
         self.host, self.pid, self.thread = holder.host, holder.pid, holder.thread

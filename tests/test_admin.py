@@ -237,6 +237,14 @@ def test_select_all_and_long_names(admin_client, backend_kind):
     assert f'title="{name[:999]}…">{name[:199]}…</span>' in html
 
 
+def test_an_empty_name_and_edge_spaces_are_quoted(admin_client, backend_kind):
+    with lock("", timeout=0), lock(" q", timeout=0), lock("in side", timeout=0):
+        html = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert 'title="">&quot;&quot;</span>' in html
+    assert 'title=" q">&quot; q&quot;</span>' in html
+    assert 'title="in side">in side</span>' in html
+
+
 def test_unreachable_backend_is_a_note(admin_client, redis_url):
     setting = {**redis_locks(redis_url), "down": down_locks()["default"]}
     with override_settings(LOCKS=setting), lock("up:1", timeout=0):

@@ -97,6 +97,22 @@ def test_prefix_is_literal(backend_kind):
             h.release()
 
 
+def test_table_quotes_an_empty_name_and_edge_spaces(backend_kind):
+    names = ["", " ", " q", "q ", "in side"]
+    handles = [lock(n, timeout=0, ttl=10) for n in names]
+    for h in handles:
+        assert h.acquire()
+    try:
+        table, _ = run("list")
+        assert sorted(r["name"] for r in listed_json()) == sorted(names)
+    finally:
+        for h in handles:
+            h.release()
+    for shown in ['""', '" "', '" q"', '"q "', "in side"]:
+        assert re.search(rf"(^|  ){re.escape(shown)}  ", table, re.M), (shown, table)
+    assert '"in side"' not in table
+
+
 def run_failing(*args):
     """Run the command; return (stdout, stderr, exit status)."""
     out, err = io.StringIO(), io.StringIO()

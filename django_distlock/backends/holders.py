@@ -15,7 +15,7 @@ from typing import Any
 
 from .kinds import EXCLUSIVE, Kind
 
-__all__ = ["Holder"]
+__all__ = ["Holder", "visible_name"]
 
 
 #: The instant a Holder's epoch-millisecond times count from.
@@ -26,6 +26,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ISO_FRACTIONS = ("+00:00", *(f".{ms:03d}000+00:00" for ms in range(1, 1000)))
 _ISO_SECONDS: dict[int, str] = {}
 _ISO_SECONDS_MAX = 4096
+
+
+def visible_name(shown: str) -> str:
+    """Return ``shown`` (a name, escaped or cut for display) so that it shows.
+
+    An empty name, or one that begins or ends with whitespace, is put in
+    double quotes: a table's columns or a page would otherwise show nothing,
+    or lose the spaces.
+    """
+    if not shown or shown[0].isspace() or shown[-1].isspace():
+        return f'"{shown}"'
+    return shown
 
 
 def _iso_second(second: int) -> str:

@@ -23,6 +23,7 @@ from operator import itemgetter
 from django.core.management.base import BaseCommand, CommandError
 
 from django_distlock.backends.base import BaseLockBackend, Holder
+from django_distlock.backends.holders import visible_name
 from django_distlock.exceptions import LockError
 from django_distlock.handler import locks
 from django_distlock.management import selected_aliases
@@ -202,6 +203,7 @@ class Command(BaseCommand):
             name = h.name
             if len(name) > width or not name.isprintable():
                 name = printable(name, width)
+            name = visible_name(name)
             identity = (h.host, h.pid, h.thread)
             holder = holders.get(identity)
             if holder is None:
