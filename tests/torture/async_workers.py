@@ -25,10 +25,10 @@ def cancel_storm(
     storm: float,
     calm: float,
     ttl: float,
-    lanes: int = 6,
-    seed: int = 0,
-    barrier_dir: str | None = None,
-    parties: int = 1,
+    lanes: int,
+    seed: int,
+    barrier_dir: str,
+    parties: int,
 ) -> dict:
     """Run ``lanes`` loops of lock/write/unlock tasks.
 
@@ -142,8 +142,7 @@ def cancel_storm(
                 recovered = recovered or (start is not None and start > storm_end)
 
     async def main() -> float:
-        if barrier_dir is not None:
-            barrier(barrier_dir, parties)
+        barrier(barrier_dir, parties)
         now = time.monotonic()
         storm_end, calm_end = now + storm, now + storm + calm
         await asyncio.gather(*(lane(i, storm_end, calm_end) for i in range(lanes)))

@@ -29,7 +29,8 @@ def test_tasks_cancelled_at_random_points(env, kind, tmp_path):
     files = tmp_path / "files"
     logs.mkdir()
     files.mkdir()
-    (tmp_path / "barrier").mkdir()
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
     names = ["torture:async:a", "torture:async:b"]
     ttl = 1.0
     # Release mode lengthens the storm and the calm to the run's share of time.
@@ -38,8 +39,7 @@ def test_tasks_cancelled_at_random_points(env, kind, tmp_path):
     results = run_in_processes(
         cancel_storm,
         [
-            (names, str(logs), str(files), storm, calm, ttl, 6, seed)
-            + (str(tmp_path / "barrier"), 2)
+            (names, str(logs), str(files), storm, calm, ttl, 6, seed, str(barrier), 2)
             for seed in (1, 2)
         ],
         timeout=180 + storm + calm + RECOVERY_GRACE,
