@@ -77,12 +77,21 @@ PROXIED = {
     "PORT": os.environ.get("DISTLOCK_PROXY_PORT", "6433"),
     "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
 }
+# A PostgreSQL server of its own, which tests/test_database_crash.py starts,
+# kills and restarts (it sets the port at run time, and creates the test
+# database's name there).
+CRASHABLE = {
+    **POSTGRES,
+    "PORT": os.environ.get("DISTLOCK_CRASHABLE_PORT", "6434"),
+    "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
+}
 DATABASES = {
     "default": _main,
     "proxied": PROXIED,
     "postgres": POSTGRES,
     "mysql": MYSQL,
     "pgbouncer": PGBOUNCER,
+    "crashable": CRASHABLE,
 }
 
 INSTALLED_APPS = [
