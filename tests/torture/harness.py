@@ -61,6 +61,9 @@ REPORT = os.environ.get("DISTLOCK_TORTURE_REPORT")
 VERDICTS: list[Verdict] = []
 
 REDIS_OPTIONS = {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.3}
+#: What of each DATABASES entry a job brings its servant
+#: (:func:`.workers.use_databases`).
+DB_KEYS = ("NAME", "PORT")
 REDLOCK_OPTIONS = {"NODE_TIMEOUT": 0.2}
 
 
@@ -350,10 +353,15 @@ class Run:
                 )
         from django.db import connections
 
-        db_names = {a: connections[a].settings_dict["NAME"] for a in settings.DATABASES}
+        # The test databases of this session, and the ports of those whose
+        # server a test starts (a server of its own, a proxy).
+        databases = {
+            alias: {key: connections[alias].settings_dict[key] for key in DB_KEYS}
+            for alias in settings.DATABASES
+        }
         self.procs = self.pool(len(self.configs))
         for servant_, cfg in zip(self.procs, self.configs):
-            servant_.jobs.put({**cfg, "locks": self.env.locks, "db_names": db_names})
+            servant_.jobs.put({**cfg, "locks": self.env.locks, "databases": databases})
         _ACTIVE.append(self)
         self.started = time.monotonic()
         deadline = time.monotonic() + 120

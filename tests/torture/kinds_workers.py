@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from .history import EventLog
+from .workers import use_databases
 
 
 def _kind(mode: str, limit: int | None):
@@ -138,10 +139,7 @@ def kinds_servant(jobs, done) -> None:
         cfg = jobs.get()
         if cfg is None:
             return
-        for alias, name in cfg["db_names"].items():
-            settings.DATABASES[alias]["NAME"] = name
-            connections[alias].close()
-            connections[alias].settings_dict["NAME"] = name
+        use_databases(cfg["databases"])
         settings.LOCKS = cfg["locks"]
         locks.reset()
         try:

@@ -4,9 +4,11 @@ Readers and writers of one readers-writer lock, and the holders of one
 permit of a limit-3 semaphore, run in spawned worker processes
 (:mod:`.kinds_workers`) while the server is SIGSTOPped for three TTLs, or
 SIGKILLed and started again: single-instance Redis (restarted empty), Redlock
-(a minority of its five nodes) and ZooKeeper (restarted on its data); on
-the database backend (PostgreSQL, a server shared with the rest of the
-suite) the fault is ``pg_terminate_backend``, as in ``test_databases``.
+(a minority of its five nodes), ZooKeeper (restarted on its data) and the
+database backend on a PostgreSQL server of the test's own (``pgserver``:
+restarted on its data, recovering from its WAL); on the PostgreSQL server
+shared with the rest of the suite the fault is ``pg_terminate_backend``, as
+in ``test_databases``.
 Redlock offers no semaphores (docs/backends/redlock.md), so it runs the
 readers-writer scenarios only.
 
@@ -257,20 +259,57 @@ def zookeeper_env() -> Env:
     return Env("zookeeper", {"default": entry}, servers=[node])
 
 
+def pgserver_env() -> Env:
+    """The database backend on a PostgreSQL server of the test's own
+    (:mod:`tests.pg_server`), which a fault may pause or kill: it comes back
+    on its data, recovering from its WAL."""
+    from tests.pg_server import ALIAS, PostgresServer
+
+    server = PostgresServer().start()
+    entry = {
+        "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
+        "TTL": TTL,
+        "OPTIONS": {"DATABASE": ALIAS},
+    }
+    return Env("pgserver", {"default": entry}, servers=[server], record_db=ALIAS)
+
+
+#: Backends whose servers the kinds scenarios start themselves.
+OWN_SERVERS = {"zookeeper": zookeeper_env, "pgserver": pgserver_env}
+#: The marks of those: the test reads the lock table of ``pgserver`` (whose
+#: alias mirrors ``postgres`` in the test databases' setup).
+OWN_MARKS = {
+    "pgserver": [
+        pytest.mark.django_db(
+            transaction=True, databases=["default", "postgres", "crashable"]
+        ),
+        pytest.mark.postgres,
+    ]
+}
+
+
 def kinds_backends(*kinds: str) -> list:
-    """pytest params: :func:`~.conftest.backends` plus ``zookeeper``."""
-    params = backends(*[k for k in kinds if k != "zookeeper"])
-    if "zookeeper" in kinds:
-        params.append(pytest.param("zookeeper", id="zookeeper"))
+    """pytest params: :func:`~.conftest.backends` plus ``zookeeper`` and
+    ``pgserver`` (PostgreSQL, a server of the test's own)."""
+    params = backends(*[k for k in kinds if k not in OWN_SERVERS])
+    params += [
+        pytest.param(k, id=k, marks=OWN_MARKS.get(k, ()))
+        for k in kinds
+        if k in OWN_SERVERS
+    ]
     return params
 
 
 @pytest.fixture
 def kinds_env(request, kind):
-    """Start the backend of ``kind`` (ZooKeeper too); LOCKS point at it."""
+    """Start the backend of ``kind`` (ZooKeeper and ``pgserver`` too); LOCKS
+    point at it."""
     if kind == "postgres":
         request.getfixturevalue("postgres_available")
-    environment = zookeeper_env() if kind == "zookeeper" else make_env(kind)
+    if kind in OWN_SERVERS:
+        environment = OWN_SERVERS[kind]()
+    else:
+        environment = make_env(kind)
     try:
         with override_settings(LOCKS=environment.locks):
             yield environment
@@ -292,7 +331,8 @@ def pause(env: Env) -> None:
 def kill(env: Env) -> None:
     """SIGKILL the server and start it again (of Redlock's five, two).
 
-    Redis comes back empty; ZooKeeper on its data directory.
+    Redis comes back empty; ZooKeeper and PostgreSQL on their data
+    directories.
     """
     victims = env.servers[:2] if env.kind == "redlock" else env.servers
     for server in victims:
@@ -335,7 +375,9 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("kind", kinds_backends("redis", "redlock", "zookeeper"))
+@pytest.mark.parametrize(
+    "kind", kinds_backends("redis", "redlock", "zookeeper", "pgserver")
+)
 def test_readers_and_writers(kinds_env, kind, fault, tmp_path):
     """Readers and writers of one lock, the server paused or killed.
 
@@ -360,7 +402,7 @@ def test_readers_and_writers(kinds_env, kind, fault, tmp_path):
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("kind", kinds_backends("redis", "zookeeper"))
+@pytest.mark.parametrize("kind", kinds_backends("redis", "zookeeper", "pgserver"))
 def test_semaphore(kinds_env, kind, fault, tmp_path):
     """Five workers on a limit-3 semaphore, the server paused or killed.
 

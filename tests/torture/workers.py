@@ -202,6 +202,19 @@ def load_worker(cfg: dict) -> None:
             time.sleep(cfg["pause"] * rng.random())
 
 
+def use_databases(databases: dict[str, dict]) -> None:
+    """Point each alias at what a job brings for it: the test databases of
+    the session (not the real ones), and the port of a server a test started
+    (``NAME`` and ``PORT``)."""
+    from django.conf import settings
+    from django.db import connections
+
+    for alias, entry in databases.items():
+        settings.DATABASES[alias].update(entry)
+        connections[alias].close()
+        connections[alias].settings_dict.update(entry)
+
+
 def servant(jobs, done) -> None:
     """Run load jobs from ``jobs`` one after another; report each on ``done``.
 
@@ -219,11 +232,7 @@ def servant(jobs, done) -> None:
         cfg = jobs.get()
         if cfg is None:
             return
-        for alias, name in cfg["db_names"].items():
-            # The test databases of this session (not the real ones).
-            settings.DATABASES[alias]["NAME"] = name
-            connections[alias].close()
-            connections[alias].settings_dict["NAME"] = name
+        use_databases(cfg["databases"])
         settings.LOCKS = cfg["locks"]
         locks.reset()
         try:
