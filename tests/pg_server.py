@@ -166,6 +166,8 @@ class PostgresServer:
         self._signal(signal.SIGKILL, pids)
         self.proc.wait()
         self.paused = []
+        # The test's own connection died with it: the next use reconnects.
+        connections[ALIAS].close()
         # A child still attached to the shared memory would stop the restart.
         deadline = time.monotonic() + 10
         while any(_running(pid) for pid in pids[1:]):

@@ -31,6 +31,15 @@ def backends(*kinds: str, long: tuple[str, ...] = ()) -> list:
                 pytest.mark.django_db(transaction=True, databases=["default", kind]),
                 pytest.mark.postgres,
             ]
+        if kind == "pgserver":
+            # A server of the test's own, whose alias mirrors ``postgres``
+            # in the test databases' setup.
+            marks = [
+                pytest.mark.django_db(
+                    transaction=True, databases=["default", "postgres", "crashable"]
+                ),
+                pytest.mark.postgres,
+            ]
         if kind == "mysql":
             marks = [
                 pytest.mark.django_db(transaction=True, databases=["default", kind]),

@@ -259,6 +259,19 @@ def make_env(kind: str, nodes: int = 5) -> Env:
             },
         }
         return Env(kind, {"default": entry}, cluster=setup)
+    if kind == "pgserver":
+        # The database backend on a PostgreSQL server of the test's own,
+        # which a fault may pause or kill: it comes back on its data,
+        # recovering from its WAL.
+        from tests.pg_server import ALIAS, PostgresServer
+
+        entry = {
+            "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
+            "TTL": 1.0,
+            "OPTIONS": {"DATABASE": ALIAS},
+        }
+        server = PostgresServer().start()
+        return Env(kind, {"default": entry}, servers=[server], record_db=ALIAS)
     if kind in ("database", "postgres", "mysql"):
         db = "default" if kind == "database" else kind
         entry = {

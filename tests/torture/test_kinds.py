@@ -259,57 +259,20 @@ def zookeeper_env() -> Env:
     return Env("zookeeper", {"default": entry}, servers=[node])
 
 
-def pgserver_env() -> Env:
-    """The database backend on a PostgreSQL server of the test's own
-    (:mod:`tests.pg_server`), which a fault may pause or kill: it comes back
-    on its data, recovering from its WAL."""
-    from tests.pg_server import ALIAS, PostgresServer
-
-    server = PostgresServer().start()
-    entry = {
-        "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
-        "TTL": TTL,
-        "OPTIONS": {"DATABASE": ALIAS},
-    }
-    return Env("pgserver", {"default": entry}, servers=[server], record_db=ALIAS)
-
-
-#: Backends whose servers the kinds scenarios start themselves.
-OWN_SERVERS = {"zookeeper": zookeeper_env, "pgserver": pgserver_env}
-#: The marks of those: the test reads the lock table of ``pgserver`` (whose
-#: alias mirrors ``postgres`` in the test databases' setup).
-OWN_MARKS = {
-    "pgserver": [
-        pytest.mark.django_db(
-            transaction=True, databases=["default", "postgres", "crashable"]
-        ),
-        pytest.mark.postgres,
-    ]
-}
-
-
 def kinds_backends(*kinds: str) -> list:
-    """pytest params: :func:`~.conftest.backends` plus ``zookeeper`` and
-    ``pgserver`` (PostgreSQL, a server of the test's own)."""
-    params = backends(*[k for k in kinds if k not in OWN_SERVERS])
-    params += [
-        pytest.param(k, id=k, marks=OWN_MARKS.get(k, ()))
-        for k in kinds
-        if k in OWN_SERVERS
-    ]
+    """pytest params: :func:`~.conftest.backends` plus ``zookeeper``."""
+    params = backends(*[k for k in kinds if k != "zookeeper"])
+    if "zookeeper" in kinds:
+        params.append(pytest.param("zookeeper", id="zookeeper"))
     return params
 
 
 @pytest.fixture
 def kinds_env(request, kind):
-    """Start the backend of ``kind`` (ZooKeeper and ``pgserver`` too); LOCKS
-    point at it."""
+    """Start the backend of ``kind`` (ZooKeeper too); LOCKS point at it."""
     if kind == "postgres":
         request.getfixturevalue("postgres_available")
-    if kind in OWN_SERVERS:
-        environment = OWN_SERVERS[kind]()
-    else:
-        environment = make_env(kind)
+    environment = zookeeper_env() if kind == "zookeeper" else make_env(kind)
     try:
         with override_settings(LOCKS=environment.locks):
             yield environment

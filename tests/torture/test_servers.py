@@ -1,4 +1,6 @@
-"""Faults of the Redis servers themselves: killed, restarted empty, paused."""
+"""Faults of the servers themselves: Redis killed, restarted empty, paused;
+a PostgreSQL server of the test's own killed and restarted on its data,
+paused."""
 
 from __future__ import annotations
 
@@ -39,6 +41,42 @@ def test_node_paused_longer_than_ttl(env, kind, tmp_path):
     is gone on that node. Redlock has one paused node of five.
     """
     run = Run("node SIGSTOPped 3 x TTL", env, tmp_path, ttl=1.0).start()
+    run.load(1.0)
+    with run.fault():
+        env.servers[0].pause()
+        time.sleep(3.0)
+        env.servers[0].resume()
+    run.finish()
+
+
+@pytest.mark.parametrize("kind", backends("pgserver"))
+def test_database_server_killed_and_restarted(env, kind, tmp_path):
+    """SIGKILL every process of the PostgreSQL server under load and start
+    it again on its data.
+
+    Committed leases survive (the server recovers them from its WAL); a
+    release in flight may be lost, which keeps that lock until its lease
+    expires. Holders whose calls failed must find out, and every fencing
+    token after the restart must be above every one before it.
+    """
+    run = Run("database server SIGKILLed, restarted", env, tmp_path).start()
+    run.load(1.0)
+    with run.fault():
+        env.servers[0].kill()
+        time.sleep(0.5)
+        env.servers[0].start()
+    run.finish()
+
+
+@pytest.mark.parametrize("kind", backends("pgserver"))
+def test_database_server_paused_longer_than_ttl(env, kind, tmp_path):
+    """SIGSTOP every process of the PostgreSQL server for three TTLs.
+
+    The calls on it wait until it resumes (the server has their statements);
+    the leases it holds run out meanwhile, by its clock, and their holders
+    must find out at their next renewal or release.
+    """
+    run = Run("database server SIGSTOPped 3 x TTL", env, tmp_path, ttl=1.0).start()
     run.load(1.0)
     with run.fault():
         env.servers[0].pause()
