@@ -608,6 +608,28 @@ def report(verdict: Verdict) -> None:
             f.write(json.dumps(verdict.as_dict()) + "\n")
 
 
+def pause_servers(env: Env, seconds: float = 3.0) -> None:
+    """SIGSTOP the server for ``seconds`` (of Redlock's five, one), then
+    SIGCONT it."""
+    env.servers[0].pause()
+    time.sleep(seconds)
+    env.servers[0].resume()
+
+
+def kill_servers(env: Env) -> None:
+    """SIGKILL the server and start it again (of Redlock's five, two).
+
+    Redis comes back empty; ZooKeeper and PostgreSQL on their data
+    directories.
+    """
+    victims = env.servers[:2] if env.kind == "redlock" else env.servers
+    for server in victims:
+        server.kill()
+    time.sleep(0.5)
+    for server in victims:
+        server.start()
+
+
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
     """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

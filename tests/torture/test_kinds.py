@@ -31,7 +31,16 @@ import pytest
 from django.test import override_settings
 
 from .conftest import backends
-from .harness import Env, Run, Servant, abort_runs, make_env, stop_servants
+from .harness import (
+    Env,
+    Run,
+    Servant,
+    abort_runs,
+    kill_servers,
+    make_env,
+    pause_servers,
+    stop_servants,
+)
 from .history import Verdict, check, names_free_after
 from .kinds_workers import kinds_servant
 
@@ -284,27 +293,6 @@ def kinds_env(request, kind):
 # -- faults --------------------------------------------------------------------------
 
 
-def pause(env: Env) -> None:
-    """SIGSTOP a server for three TTLs (of Redlock's five, one)."""
-    env.servers[0].pause()
-    time.sleep(3 * TTL)
-    env.servers[0].resume()
-
-
-def kill(env: Env) -> None:
-    """SIGKILL the server and start it again (of Redlock's five, two).
-
-    Redis comes back empty; ZooKeeper and PostgreSQL on their data
-    directories.
-    """
-    victims = env.servers[:2] if env.kind == "redlock" else env.servers
-    for server in victims:
-        server.kill()
-    time.sleep(0.5)
-    for server in victims:
-        server.start()
-
-
 def terminate_backends(env: Env, seconds: float = 2.0) -> int:
     """``pg_terminate_backend`` the lock connections, then every other
     connection of the test database, in turn every 0.25 s for ``seconds``
@@ -329,8 +317,8 @@ def terminate_backends(env: Env, seconds: float = 2.0) -> int:
 
 
 FAULTS = {
-    "paused": ("SIGSTOPped 3 x TTL", pause),
-    "killed": ("SIGKILLed, restarted", kill),
+    "paused": ("SIGSTOPped 3 x TTL", lambda env: pause_servers(env, 3 * TTL)),
+    "killed": ("SIGKILLed, restarted", kill_servers),
 }
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from .conftest import backends
-from .harness import Run
+from .harness import Run, kill_servers, pause_servers
 
 
 @pytest.mark.parametrize("kind", backends("redis", "redlock", long=("reentrant",)))
@@ -22,13 +22,8 @@ def test_node_killed_and_restarted_empty(env, kind, tmp_path):
     """
     run = Run("node SIGKILLed, restarted empty", env, tmp_path).start()
     run.load(1.0)
-    victims = env.servers[:2] if kind == "redlock" else env.servers
     with run.fault():
-        for server in victims:
-            server.kill()
-        time.sleep(0.5)
-        for server in victims:
-            server.start()
+        kill_servers(env)
     run.finish()
 
 
@@ -43,45 +38,31 @@ def test_node_paused_longer_than_ttl(env, kind, tmp_path):
     run = Run("node SIGSTOPped 3 x TTL", env, tmp_path, ttl=1.0).start()
     run.load(1.0)
     with run.fault():
-        env.servers[0].pause()
-        time.sleep(3.0)
-        env.servers[0].resume()
+        pause_servers(env)
     run.finish()
 
 
+@pytest.mark.parametrize("fault", ["killed", "paused"])
 @pytest.mark.parametrize("kind", backends("pgserver"))
-def test_database_server_killed_and_restarted(env, kind, tmp_path):
-    """SIGKILL every process of the PostgreSQL server under load and start
-    it again on its data.
+def test_database_server_killed_or_paused(env, kind, fault, tmp_path):
+    """Every process of the PostgreSQL server SIGKILLed and the server
+    started again on its data, or SIGSTOPped for three TTLs, under load.
 
-    Committed leases survive (the server recovers them from its WAL); a
-    release in flight may be lost, which keeps that lock until its lease
-    expires. Holders whose calls failed must find out, and every fencing
-    token after the restart must be above every one before it.
+    Killed: committed leases survive (the server recovers them from its
+    WAL); a release in flight may be lost, which keeps that lock until its
+    lease expires. Paused: the calls on it wait until it resumes (it has
+    their statements), and the leases it holds run out meanwhile by its
+    clock. Either way the holders whose leases went must find out, and every
+    fencing token after the fault is above every one before it.
     """
-    run = Run("database server SIGKILLed, restarted", env, tmp_path).start()
+    label, inject = {
+        "killed": ("SIGKILLed, restarted", kill_servers),
+        "paused": ("SIGSTOPped 3 x TTL", pause_servers),
+    }[fault]
+    run = Run(f"database server {label}", env, tmp_path, ttl=1.0).start()
     run.load(1.0)
     with run.fault():
-        env.servers[0].kill()
-        time.sleep(0.5)
-        env.servers[0].start()
-    run.finish()
-
-
-@pytest.mark.parametrize("kind", backends("pgserver"))
-def test_database_server_paused_longer_than_ttl(env, kind, tmp_path):
-    """SIGSTOP every process of the PostgreSQL server for three TTLs.
-
-    The calls on it wait until it resumes (the server has their statements);
-    the leases it holds run out meanwhile, by its clock, and their holders
-    must find out at their next renewal or release.
-    """
-    run = Run("database server SIGSTOPped 3 x TTL", env, tmp_path, ttl=1.0).start()
-    run.load(1.0)
-    with run.fault():
-        env.servers[0].pause()
-        time.sleep(3.0)
-        env.servers[0].resume()
+        inject(env)
     run.finish()
 
 
