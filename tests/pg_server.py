@@ -11,6 +11,7 @@ wait for the flush is still unflushed when the server is killed.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -36,6 +37,17 @@ def postgres_bindir() -> str | None:
         key=lambda path: int(path.split("/")[4]),
     )
     return os.path.dirname(found[-1]) if found else None
+
+
+#: Servers started by this process and not stopped: killed when it exits, if
+#: a test that failed (or a killed run) left them running.
+_RUNNING: list[PostgresServer] = []
+
+
+@atexit.register
+def _kill_left_running() -> None:
+    for server in list(_RUNNING):
+        server.stop()
 
 
 def _running(pid: int) -> bool:
@@ -91,6 +103,8 @@ class PostgresServer:
             command += ["-c", f"{key}={value}"]
         with open(os.path.join(self.dir, "server.log"), "ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=log, **self.user)
+        if self not in _RUNNING:
+            _RUNNING.append(self)
         wait_listening(self.proc, self.port, "postgres")
         self._wait_ready()
         if self.saved is None:
@@ -186,6 +200,8 @@ class PostgresServer:
         self.paused = []
 
     def stop(self) -> None:
+        if self in _RUNNING:
+            _RUNNING.remove(self)
         if self.proc is not None and self.proc.poll() is None:
             self.kill()
         if self.saved is not None:

@@ -1,12 +1,14 @@
 """The database backend across a crash of its PostgreSQL server.
 
 A grant is durable: once a holder has been told it holds a lease, a server
-crash (SIGKILL of the postmaster and every backend, no shutdown) cannot
-lose it, and the name's next fencing token after the restart is larger
-than every one given out before. That is an acquisition, a semaphore's
-permit, and a permit a release handed over to the waiter first in line
-(migration 0010: that release did not wait for the WAL flush, and the next
-holder after a crash got the handed token again).
+crash (SIGKILL of the postmaster and every child, no shutdown) cannot lose
+it. Nobody is granted the name again before that lease runs out, and the
+name's next fencing token after the restart is larger than every one given
+out before. That is an exclusive lease, a shared one (the next exclusive
+holder waits for it), a semaphore's permit, and a permit a release handed
+over to the waiter first in line (migration 0010: that release did not
+wait for the WAL flush, and the next holder after a crash got the handed
+token again, before the handed lease ran out).
 
 The fixture starts a PostgreSQL server of its own (:mod:`tests.pg_server`,
 whose WAL writer waits 10 s between flushes: a commit that did not wait
@@ -36,14 +38,18 @@ def crashable(postgres_available):
     server.stop()
 
 
-@pytest.mark.parametrize("how", ["exclusive", "permit", "handed permit"])
+@pytest.mark.parametrize("how", ["exclusive", "shared", "permit", "handed permit"])
 def test_a_grant_outlives_a_server_crash(crashable, how):
     name = f"crash:{how}"
     with override_settings(LOCKS=db_locks("crashable")):
-        [before] = run_in_processes(grant, [(name, how)])
+        [(before, lease_end)] = run_in_processes(grant, [(name, how)])
         crashable.kill()
         crashable.start()
-        [after] = run_in_processes(take_again, [(name, how)])
+        [(after, granted_at)] = run_in_processes(take_again, [(name, how)])
+    assert granted_at >= lease_end, (
+        f"granted again {lease_end - granted_at:.2f} s before the lease before "
+        "the crash could have run out: the grant was lost"
+    )
     assert after > before, (
         f"the token {before} given out before the crash was given out again "
         f"({after}): the grant was lost"

@@ -23,6 +23,21 @@ from .dialects import DIALECTS, SHARES, TABLE, Dialect
 
 __all__ = ["ConnectionsMixin", "driver_without_notifies", "transaction_pooled"]
 
+#: libpq's connection parameters for the lock connections (PostgreSQL): a
+#: connection attempt gives up after ``connect_timeout`` seconds; sent data
+#: not acknowledged within ``tcp_user_timeout`` ms closes the connection,
+#: and so do keepalive probes unanswered once it has been idle that long
+#: (a statement waiting for its reply included). A live server's machine
+#: answers the probes, however long the statement takes.
+LIBPQ_TIMEOUTS = {
+    "connect_timeout": 2,
+    "keepalives": 1,
+    "keepalives_idle": 2,
+    "keepalives_interval": 1,
+    "keepalives_count": 2,
+    "tcp_user_timeout": 3000,
+}
+
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
 #: PostgreSQL errors of a prepared statement that is missing on, or already
@@ -328,6 +343,11 @@ class ConnectionsMixin:
             options.pop("pool", None)
             options.pop("isolation_level", None)
             options.setdefault("application_name", "django_distlock")
+            # A server cut off (a partition, a host that froze) fails a call
+            # within seconds, where TCP would retransmit for about 15
+            # minutes; DATABASES OPTIONS that set them win.
+            for key, value in LIBPQ_TIMEOUTS.items():
+                options.setdefault(key, value)
         elif vendor == "mysql":
             # No gap locks, so two creators of one row cannot deadlock.
             options["isolation_level"] = "read committed"
