@@ -50,13 +50,21 @@ def _kill_left_running() -> None:
         server.stop()
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state,
+    parent pid, ...), or None if there is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 class PostgresServer:
@@ -156,15 +164,9 @@ class PostgresServer:
         """
         children = []
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        # pid (comm) state ppid ...: comm may hold spaces.
-                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if ppid == self.proc.pid:
-                    children.append(int(entry))
+            fields = _stat(entry) if entry.isdigit() else None
+            if fields is not None and fields[1] == str(self.proc.pid):
+                children.append(int(entry))
         return [self.proc.pid, *children]
 
     def _signal(self, signum: int, pids: list[int]) -> None:

@@ -77,9 +77,9 @@ PROXIED = {
     "PORT": os.environ.get("DISTLOCK_PROXY_PORT", "6433"),
     "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
 }
-# A PostgreSQL server of its own, which tests/test_database_crash.py starts,
-# kills and restarts (it sets the port at run time, and creates the test
-# database's name there).
+# A PostgreSQL server of a test's own, which tests/pg_server.py starts,
+# kills, pauses and restarts for the crash, partition and torture tests (it
+# sets the port at run time, and creates the test database's name there).
 CRASHABLE = {
     **POSTGRES,
     "PORT": os.environ.get("DISTLOCK_CRASHABLE_PORT", "6434"),

@@ -630,6 +630,13 @@ def kill_servers(env: Env) -> None:
         server.start()
 
 
+#: The server faults by name: the label of a scenario's report, and the fault.
+FAULTS = {
+    "paused": ("SIGSTOPped 3 x TTL", pause_servers),
+    "killed": ("SIGKILLed, restarted", kill_servers),
+}
+
+
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
     """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

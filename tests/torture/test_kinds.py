@@ -31,16 +31,7 @@ import pytest
 from django.test import override_settings
 
 from .conftest import backends
-from .harness import (
-    Env,
-    Run,
-    Servant,
-    abort_runs,
-    kill_servers,
-    make_env,
-    pause_servers,
-    stop_servants,
-)
+from .harness import FAULTS, Env, Run, Servant, abort_runs, make_env, stop_servants
 from .history import Verdict, check, names_free_after
 from .kinds_workers import kinds_servant
 
@@ -314,12 +305,6 @@ def terminate_backends(env: Env, seconds: float = 2.0) -> int:
         only_locks = not only_locks
         time.sleep(0.25)
     return terminated
-
-
-FAULTS = {
-    "paused": ("SIGSTOPped 3 x TTL", lambda env: pause_servers(env, 3 * TTL)),
-    "killed": ("SIGKILLed, restarted", kill_servers),
-}
 
 
 # -- scenarios -------------------------------------------------------------------------

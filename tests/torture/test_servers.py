@@ -9,7 +9,7 @@ import time
 import pytest
 
 from .conftest import backends
-from .harness import Run, kill_servers, pause_servers
+from .harness import FAULTS, Run, kill_servers, pause_servers
 
 
 @pytest.mark.parametrize("kind", backends("redis", "redlock", long=("reentrant",)))
@@ -55,10 +55,7 @@ def test_database_server_killed_or_paused(env, kind, fault, tmp_path):
     clock. Either way the holders whose leases went must find out, and every
     fencing token after the fault is above every one before it.
     """
-    label, inject = {
-        "killed": ("SIGKILLed, restarted", kill_servers),
-        "paused": ("SIGSTOPped 3 x TTL", pause_servers),
-    }[fault]
+    label, inject = FAULTS[fault]
     run = Run(f"database server {label}", env, tmp_path, ttl=1.0).start()
     run.load(1.0)
     with run.fault():
