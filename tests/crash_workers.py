@@ -1,6 +1,6 @@
-"""Worker functions of tests/test_database_crash.py, run through
-:mod:`tests.procs` against the ``crashable`` alias (the LOCKS in force point
-the default backend at it)."""
+"""Worker functions of the crash and partition tests, run through
+:mod:`tests.procs` against a server of the test's own (the LOCKS in force
+point the default backend at its alias)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,16 @@ def take_again(name: str, how: str) -> tuple[int, float]:
         held = lock(name, ttl=TTL, timeout=30, auto_renew=False)
     with held:
         return held.fencing_token, time.time()
+
+
+def take_within(name: str, timeout: float) -> float:
+    """Worker: take ``name``, waiting up to ``timeout`` seconds; return how
+    long it took."""
+    from django_distlock import lock
+
+    started = time.monotonic()
+    with lock(name, ttl=TTL, timeout=timeout, auto_renew=False):
+        return time.monotonic() - started
 
 
 def across_partition(name: str, ready: str, go: str) -> tuple[str, float]:

@@ -85,6 +85,14 @@ CRASHABLE = {
     "PORT": os.environ.get("DISTLOCK_CRASHABLE_PORT", "6434"),
     "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
 }
+# A MariaDB server of a test's own, which tests/mariadb_server.py starts for
+# the partition tests (it sets the port at run time, and creates the test
+# database's name there).
+CRASHABLE_MYSQL = {
+    **MYSQL,
+    "PORT": os.environ.get("DISTLOCK_CRASHABLE_MYSQL_PORT", "3307"),
+    "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "mysql"},
+}
 DATABASES = {
     "default": _main,
     "proxied": PROXIED,
@@ -92,6 +100,7 @@ DATABASES = {
     "mysql": MYSQL,
     "pgbouncer": PGBOUNCER,
     "crashable": CRASHABLE,
+    "crashable_mysql": CRASHABLE_MYSQL,
 }
 
 INSTALLED_APPS = [

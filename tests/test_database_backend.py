@@ -576,6 +576,33 @@ def test_statements_prepared_unless_a_pooler_is_declared():
     assert not _can_prepare(connections["mysql"])
 
 
+@pytest.mark.parametrize(
+    "alias, defaults, own",
+    [
+        ("postgres", "LIBPQ_TIMEOUTS", {"connect_timeout": 30}),
+        ("mysql", "MYSQL_TIMEOUTS", {"read_timeout": 60}),
+    ],
+)
+def test_lock_connections_time_out_unless_options_say(alias, defaults, own):
+    """The lock connections' driver timeouts are defaults under the alias's
+    OPTIONS: a key the user set wins (tests/test_database_partition.py
+    shows what the defaults do)."""
+    from django_distlock.backends.database import connections as module
+
+    defaults = getattr(module, defaults)
+    entry = connections[alias].settings_dict
+    with override_settings(LOCKS=db_locks(alias)):
+        try:
+            options = locks["default"]._new_wrapper().settings_dict["OPTIONS"]
+            assert options.items() >= defaults.items()
+            mine = {**entry.get("OPTIONS", {}), **own}
+            with mock.patch.dict(entry, {"OPTIONS": mine}):
+                options = locks["default"]._new_wrapper().settings_dict["OPTIONS"]
+            assert options.items() >= {**defaults, **own}.items()
+        finally:
+            locks.reset()
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 def test_a_direct_connection_prepares_its_statements(caplog):

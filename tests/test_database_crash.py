@@ -1,4 +1,4 @@
-"""The database backend across a crash of its PostgreSQL server.
+"""The database backend across a crash of its server: PostgreSQL, MariaDB.
 
 A grant is durable: once a holder has been told it holds a lease, a server
 crash (SIGKILL of the postmaster and every child, no shutdown) cannot lose
@@ -10,10 +10,11 @@ over to the waiter first in line (migration 0010: that release did not
 wait for the WAL flush, and the next holder after a crash got the handed
 token again, before the handed lease ran out).
 
-The fixture starts a PostgreSQL server of its own (:mod:`tests.pg_server`,
-whose WAL writer waits 10 s between flushes: a commit that did not wait
-for the flush is still unflushed when the server is killed), and kills and
-restarts exactly that server.
+The fixture starts a server of its own (:mod:`tests.db_servers`; a
+PostgreSQL whose WAL writer waits 10 s between flushes, so that a commit
+that did not wait for the flush is still unflushed when the server is
+killed), and kills and restarts exactly that server. Only PostgreSQL hands
+permits over in the release.
 """
 
 from __future__ import annotations
@@ -22,26 +23,39 @@ import pytest
 from django.test import override_settings
 
 from .crash_workers import grant, take_again
+from .mariadb_server import MariaDBServer
 from .pg_server import PostgresServer
 from .procs import run_in_processes
 from .test_database_backend import db_locks
 
-pytestmark = pytest.mark.postgres
+SERVERS = {"postgres": PostgresServer, "mariadb": MariaDBServer}
+HOWS = ["exclusive", "shared", "permit"]
+CASES = [
+    pytest.param(server, how, marks=mark, id=f"{server}-{how}")
+    for server, mark, hows in [
+        ("postgres", pytest.mark.postgres, [*HOWS, "handed permit"]),
+        ("mariadb", pytest.mark.mysql, HOWS),
+    ]
+    for how in hows
+]
 
 
 @pytest.fixture(scope="module")
-def crashable(postgres_available):
-    """A PostgreSQL server of the test's own; the ``crashable`` alias points
-    at it."""
-    server = PostgresServer().start()
-    yield server
-    server.stop()
+def servers():
+    """The servers of the module's own, started on first use."""
+    started = {}
+    yield started
+    for server in started.values():
+        server.stop()
 
 
-@pytest.mark.parametrize("how", ["exclusive", "shared", "permit", "handed permit"])
-def test_a_grant_outlives_a_server_crash(crashable, how):
+@pytest.mark.parametrize("server, how", CASES)
+def test_a_grant_outlives_a_server_crash(servers, server, how):
+    if server not in servers:
+        servers[server] = SERVERS[server]().start()
+    crashable = servers[server]
     name = f"crash:{how}"
-    with override_settings(LOCKS=db_locks("crashable")):
+    with override_settings(LOCKS=db_locks(crashable.alias)):
         [(before, lease_end)] = run_in_processes(grant, [(name, how)])
         crashable.kill()
         crashable.start()

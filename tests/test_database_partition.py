@@ -1,11 +1,18 @@
-"""The database backend when its PostgreSQL server is cut off.
+"""The database backend when its server, or one of its clients, is cut off.
 
-The server (one of the test's own, :mod:`tests.pg_server`) stays up, but
-iptables drops every packet to and from its loopback port: what a network
-partition, or a host that froze, looks like to a client. A call on a
-connection opened before must fail with ``LockBackendError`` within
-seconds (the lock connections' libpq timeouts), not hang while TCP
-retransmits for a quarter of an hour.
+The server (one of the test's own, :mod:`tests.db_servers`: PostgreSQL or
+MariaDB) stays up, but iptables drops every packet to and from its loopback
+port: what a network partition, or a host that froze, looks like to a
+client. A call on a connection opened before must fail with
+``LockBackendError`` within seconds (the lock connections' libpq timeouts,
+and the MariaDB driver's read timeout), not hang while TCP retransmits for
+a quarter of an hour.
+
+The other side: a client that goes quiet in the middle of a transaction
+(frozen, or cut off) must not keep the name's row locked for everyone
+else. MariaDB's acquisitions take a few round trips in one transaction,
+and the server ends a lock connection's session once it has sat idle in
+one for a few seconds.
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ from contextlib import contextmanager
 import pytest
 from django.test import override_settings
 
-from .crash_workers import across_partition
+from django_distlock import lock, locks
+from django_distlock.backends.database.connections import (
+    MARIADB_IDLE_TRANSACTION_TIMEOUT,
+)
+
+from .crash_workers import across_partition, take_within
+from .mariadb_server import MariaDBServer
 from .pg_server import PostgresServer
 from .procs import run_in_processes
 from .servers import unavailable
 from .test_database_backend import db_locks
-
-pytestmark = pytest.mark.postgres
 
 
 def iptables() -> str:
@@ -55,15 +66,21 @@ def cut_off(port: int):
             subprocess.run([binary, "-D", *rule], check=True)
 
 
-@pytest.fixture
-def pgserver(postgres_available):
+SERVERS = [
+    pytest.param(PostgresServer, marks=pytest.mark.postgres, id="postgres"),
+    pytest.param(MariaDBServer, marks=pytest.mark.mysql, id="mariadb"),
+]
+
+
+@pytest.fixture(params=SERVERS)
+def server(request):
     iptables()
-    server = PostgresServer().start()
+    server = request.param().start()
     yield server
     server.stop()
 
 
-def test_a_call_fails_quickly_on_a_server_cut_off(pgserver, tmp_path):
+def test_a_call_fails_quickly_on_a_server_cut_off(server, tmp_path):
     ready, go = tmp_path / "ready", tmp_path / "go"
     results = []
 
@@ -71,17 +88,48 @@ def test_a_call_fails_quickly_on_a_server_cut_off(pgserver, tmp_path):
         job = ("partition", str(ready), str(go))
         results.extend(run_in_processes(across_partition, [job], timeout=60))
 
-    with override_settings(LOCKS=db_locks("crashable")):
+    with override_settings(LOCKS=db_locks(server.alias)):
         thread = threading.Thread(target=worker)
         thread.start()
         deadline = time.monotonic() + 30
         while not ready.exists():
             assert thread.is_alive() and time.monotonic() < deadline, "never held"
             time.sleep(0.01)
-        with cut_off(pgserver.port):
+        with cut_off(server.port):
             go.touch()
             thread.join(60)
     assert results, "the worker did not answer"
     [(raised, seconds)] = results
     assert raised == "LockBackendError", raised
     assert seconds < 10, f"the release took {seconds:.1f} s to fail"
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
+def test_a_client_quiet_in_a_transaction_frees_the_name_within_seconds(
+    mysql_available,
+):
+    name = "partition:quiet in a transaction"
+    with override_settings(LOCKS=db_locks("mysql")):
+        with lock(name, auto_renew=False):
+            pass  # the name's row exists
+        # What an acquisition's transaction holds when its client freezes
+        # or is cut off between two of its statements: the name's row lock.
+        quiet = locks["default"]._connection()
+        cursor = quiet.cursor()
+        try:
+            cursor.execute("START TRANSACTION")
+            cursor.execute(
+                "SELECT token FROM django_distlock_lockrecord WHERE name = %s "
+                "FOR UPDATE",
+                [name],
+            )
+            cursor.fetchall()
+            [seconds] = run_in_processes(take_within, [(name, 30)], timeout=90)
+        finally:
+            quiet.reset()
+    # The server ended the quiet session after MARIADB_IDLE_TRANSACTION_TIMEOUT;
+    # without it the taker waits out innodb_lock_wait_timeout (50 s), twice.
+    assert seconds < MARIADB_IDLE_TRANSACTION_TIMEOUT + 5, (
+        f"the name was taken {seconds:.1f} s later"
+    )

@@ -38,6 +38,22 @@ LIBPQ_TIMEOUTS = {
     "tcp_user_timeout": 3000,
 }
 
+#: The MySQL/MariaDB driver's parameters for the lock connections (PyMySQL
+#: and mysqlclient take the same): a connection attempt, or a read or write
+#: of a statement, gives up after so many seconds. The longest wait a lock
+#: connection's statement makes in the server is a permit waiter's
+#: ``GET_LOCK`` (a second at most) or a row lock held by a transaction of
+#: another lock connection, which MariaDB ends after
+#: :data:`MARIADB_IDLE_TRANSACTION_TIMEOUT` when its client has gone quiet.
+MYSQL_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 6, "write_timeout": 6}
+#: Seconds a MariaDB lock connection may sit in a transaction without
+#: sending a statement before the server ends its session, releasing its
+#: row locks: an acquisition's transaction takes a few round trips, and a
+#: client that froze or was cut off in the middle of one would otherwise
+#: keep the name's row locked until the server noticed (``wait_timeout``,
+#: 8 hours by default).
+MARIADB_IDLE_TRANSACTION_TIMEOUT = 3
+
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
 #: PostgreSQL errors of a prepared statement that is missing on, or already
@@ -72,13 +88,21 @@ class _Connection:
     #: Whether its statements are prepared (PostgreSQL, psycopg 3).
     prepared = False
 
-    def __init__(self, wrapper: Any, prepared: bool = False, functions: tuple = ()):
+    def __init__(
+        self,
+        wrapper: Any,
+        prepared: bool = False,
+        functions: tuple = (),
+        on_connect: Callable[[Any], None] | None = None,
+    ):
         self.wrapper = wrapper
         self.pid = os.getpid()
         self.prepared = prepared
         #: SQL functions each new SQLite connection is given:
         #: ``(name, number of arguments, callable)``.
         self.functions = functions
+        #: Called with each new driver connection, before its first use.
+        self.on_connect = on_connect
         self._cursor: Any = None
         self.errors = (wrapper.Database.Error, _django_db_error())
         self.finalizer = weakref.finalize(self, _close_raw, wrapper, self.pid)
@@ -121,6 +145,8 @@ class _Connection:
                 for name, arity, function in self.functions:
                     raw.create_function(name, arity, function)
                 self._cursor = raw.cursor()
+            if self.on_connect is not None:
+                self.on_connect(raw)
         return self._cursor
 
     def reset(self) -> None:
@@ -169,6 +195,22 @@ class _SharedConnection(_Connection):
 
     def reset(self) -> None:
         """Leave Django's connection to Django."""
+
+
+def limit_idle_transactions(raw: Any) -> None:
+    """End the session of MariaDB connection ``raw`` when it sits idle in a
+    transaction (:data:`MARIADB_IDLE_TRANSACTION_TIMEOUT`); MySQL has no
+    such setting."""
+    if "mariadb" not in raw.get_server_info().lower():
+        return
+    cursor = raw.cursor()
+    try:
+        cursor.execute(
+            "SET SESSION idle_transaction_timeout = %s",
+            [MARIADB_IDLE_TRANSACTION_TIMEOUT],
+        )
+    finally:
+        cursor.close()
 
 
 def _can_prepare(wrapper: Any) -> bool:
@@ -351,6 +393,9 @@ class ConnectionsMixin:
         elif vendor == "mysql":
             # No gap locks, so two creators of one row cannot deadlock.
             options["isolation_level"] = "read committed"
+            # As for PostgreSQL: a server cut off fails a call within seconds.
+            for key, value in MYSQL_TIMEOUTS.items():
+                options.setdefault(key, value)
         backend = load_backend(settings_dict["ENGINE"])
         return backend.DatabaseWrapper(settings_dict, self.database)
 
@@ -362,7 +407,13 @@ class ConnectionsMixin:
             if self._in_memory:
                 conn = _SharedConnection(self.database)
             else:
-                conn = _Connection(self._new_wrapper(), self._prepared, self._functions)
+                wrapper = self._new_wrapper()
+                conn = _Connection(
+                    wrapper,
+                    self._prepared,
+                    self._functions,
+                    limit_idle_transactions if wrapper.vendor == "mysql" else None,
+                )
             self._local.conn = conn
             self._connections.add(conn)
         return conn
