@@ -10,9 +10,9 @@ a quarter of an hour.
 
 The other side: a client that goes quiet in the middle of a transaction
 (frozen, or cut off) must not keep the name's row locked for everyone
-else. MariaDB's acquisitions take a few round trips in one transaction,
-and the server ends a lock connection's session once it has sat idle in
-one for a few seconds.
+else. MariaDB's acquisitions, and a renewal of several leases anywhere,
+take a few round trips in one transaction, and the server ends a lock
+connection's session once it has sat idle in one for a few seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from django.test import override_settings
 
 from django_distlock import lock, locks
 from django_distlock.backends.database.connections import (
-    MARIADB_IDLE_TRANSACTION_TIMEOUT,
+    IDLE_TRANSACTION_TIMEOUT,
 )
 
 from .crash_workers import across_partition, take_within
@@ -104,21 +104,39 @@ def test_a_call_fails_quickly_on_a_server_cut_off(server, tmp_path):
     assert seconds < 10, f"the release took {seconds:.1f} s to fail"
 
 
-@pytest.mark.mysql
-@pytest.mark.django_db(transaction=True, databases=["default", "mysql"])
-def test_a_client_quiet_in_a_transaction_frees_the_name_within_seconds(
-    mysql_available,
-):
-    name = "partition:quiet in a transaction"
-    with override_settings(LOCKS=db_locks("mysql")):
+@pytest.mark.parametrize(
+    "alias",
+    [
+        pytest.param(
+            "postgres",
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.django_db(
+                    transaction=True, databases=["default", "postgres"]
+                ),
+            ],
+        ),
+        pytest.param(
+            "mysql",
+            marks=[
+                pytest.mark.mysql,
+                pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
+            ],
+        ),
+    ],
+)
+def test_a_client_quiet_in_a_transaction_frees_the_name_within_seconds(alias):
+    name = f"partition:quiet in a transaction:{alias}"
+    with override_settings(LOCKS=db_locks(alias)):
         with lock(name, auto_renew=False):
             pass  # the name's row exists
-        # What an acquisition's transaction holds when its client freezes
-        # or is cut off between two of its statements: the name's row lock.
+        # What a transaction of a lock connection holds when its client
+        # freezes or is cut off between two of its statements (an
+        # acquisition on MariaDB, a renewal of several leases): row locks.
         quiet = locks["default"]._connection()
         cursor = quiet.cursor()
         try:
-            cursor.execute("START TRANSACTION")
+            cursor.execute("BEGIN")
             cursor.execute(
                 "SELECT token FROM django_distlock_lockrecord WHERE name = %s "
                 "FOR UPDATE",
@@ -128,8 +146,11 @@ def test_a_client_quiet_in_a_transaction_frees_the_name_within_seconds(
             [seconds] = run_in_processes(take_within, [(name, 30)], timeout=90)
         finally:
             quiet.reset()
-    # The server ended the quiet session after MARIADB_IDLE_TRANSACTION_TIMEOUT;
-    # without it the taker waits out innodb_lock_wait_timeout (50 s), twice.
-    assert seconds < MARIADB_IDLE_TRANSACTION_TIMEOUT + 5, (
+            locks.reset()
+    # The server ended the quiet session after IDLE_TRANSACTION_TIMEOUT.
+    # Without it the taker waited on the row lock: on MariaDB for
+    # innodb_lock_wait_timeout (50 s), twice; on PostgreSQL, past its own
+    # timeout, until the quiet transaction ended.
+    assert seconds < IDLE_TRANSACTION_TIMEOUT + 5, (
         f"the name was taken {seconds:.1f} s later"
     )

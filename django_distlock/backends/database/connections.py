@@ -43,16 +43,18 @@ LIBPQ_TIMEOUTS = {
 #: of a statement, gives up after so many seconds. The longest wait a lock
 #: connection's statement makes in the server is a permit waiter's
 #: ``GET_LOCK`` (a second at most) or a row lock held by a transaction of
-#: another lock connection, which MariaDB ends after
-#: :data:`MARIADB_IDLE_TRANSACTION_TIMEOUT` when its client has gone quiet.
+#: another lock connection, which the server ends after
+#: :data:`IDLE_TRANSACTION_TIMEOUT` when its client has gone quiet.
 MYSQL_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 6, "write_timeout": 6}
-#: Seconds a MariaDB lock connection may sit in a transaction without
-#: sending a statement before the server ends its session, releasing its
-#: row locks: an acquisition's transaction takes a few round trips, and a
-#: client that froze or was cut off in the middle of one would otherwise
-#: keep the name's row locked until the server noticed (``wait_timeout``,
-#: 8 hours by default).
-MARIADB_IDLE_TRANSACTION_TIMEOUT = 3
+#: Seconds a lock connection may sit in a transaction without sending a
+#: statement before the server ends its session, releasing its row locks
+#: (PostgreSQL's ``idle_in_transaction_session_timeout``, MariaDB's
+#: ``idle_transaction_timeout``). An acquisition (MariaDB) or a renewal of
+#: several leases takes a few round trips in one transaction, and a client
+#: that froze or was cut off between two of them would otherwise keep the
+#: names' rows locked, past their leases, until the server noticed: never,
+#: for a frozen process, whose connection stays open.
+IDLE_TRANSACTION_TIMEOUT = 3
 
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
@@ -197,20 +199,39 @@ class _SharedConnection(_Connection):
         """Leave Django's connection to Django."""
 
 
-def limit_idle_transactions(raw: Any) -> None:
-    """End the session of MariaDB connection ``raw`` when it sits idle in a
-    transaction (:data:`MARIADB_IDLE_TRANSACTION_TIMEOUT`); MySQL has no
-    such setting."""
-    if "mariadb" not in raw.get_server_info().lower():
-        return
+def _set_session(raw: Any, sql: str, params: list) -> None:
     cursor = raw.cursor()
     try:
-        cursor.execute(
-            "SET SESSION idle_transaction_timeout = %s",
-            [MARIADB_IDLE_TRANSACTION_TIMEOUT],
-        )
+        cursor.execute(sql, params)
     finally:
         cursor.close()
+
+
+def limit_idle_transactions(vendor: str, pooled: bool) -> Callable[[Any], None] | None:
+    """Return what ends a new lock connection's session when it sits idle
+    in a transaction (:data:`IDLE_TRANSACTION_TIMEOUT`), or None.
+
+    Not behind a transaction pooler, whose server sessions other clients'
+    transactions use too, nor on MySQL, which has no such setting.
+    """
+    if vendor == "postgresql" and not pooled:
+        return lambda raw: _set_session(
+            raw,
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            [f"{IDLE_TRANSACTION_TIMEOUT}s"],
+        )
+    if vendor == "mysql":
+
+        def on_mariadb(raw: Any) -> None:
+            if "mariadb" in raw.get_server_info().lower():
+                _set_session(
+                    raw,
+                    "SET SESSION idle_transaction_timeout = %s",
+                    [IDLE_TRANSACTION_TIMEOUT],
+                )
+
+        return on_mariadb
+    return None
 
 
 def _can_prepare(wrapper: Any) -> bool:
@@ -412,7 +433,7 @@ class ConnectionsMixin:
                     wrapper,
                     self._prepared,
                     self._functions,
-                    limit_idle_transactions if wrapper.vendor == "mysql" else None,
+                    limit_idle_transactions(wrapper.vendor, self._pooled),
                 )
             self._local.conn = conn
             self._connections.add(conn)
