@@ -33,19 +33,27 @@ class MariaDBServer(OwnServer):
             unavailable("MariaDB's server is not installed (mariadb-server package)")
         super().__init__()
         self.data = os.path.join(self.dir, "data")
-        subprocess.run(
+        # A temporary directory of its own: servers bootstrapping at once in
+        # one /tmp clash on their temporary tables' names.
+        self.tmp = os.path.join(self.dir, "tmp")
+        os.mkdir(self.tmp)
+        done = subprocess.run(
             [install, "--no-defaults", f"--datadir={self.data}", "--user=root"]
+            + [f"--tmpdir={self.tmp}"]
             + ["--auth-root-authentication-method=normal", "--skip-test-db"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
+        if done.returncode:
+            output = done.stdout.decode(errors="replace")[-2000:]
+            raise RuntimeError(f"mariadb-install-db failed: {output}")
 
     def command(self) -> list[str]:
         return [
             self.binary,
             "--no-defaults",
             f"--datadir={self.data}",
+            f"--tmpdir={self.tmp}",
             f"--port={self.port}",
             "--bind-address=127.0.0.1",
             f"--socket={self.dir}/mariadbd.sock",

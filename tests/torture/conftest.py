@@ -40,6 +40,14 @@ def backends(*kinds: str, long: tuple[str, ...] = ()) -> list:
                 ),
                 pytest.mark.postgres,
             ]
+        if kind == "mariadbserver":
+            marks = [
+                pytest.mark.django_db(
+                    transaction=True,
+                    databases=["default", "mysql", "crashable_mysql"],
+                ),
+                pytest.mark.mysql,
+            ]
         if kind == "mysql":
             marks = [
                 pytest.mark.django_db(transaction=True, databases=["default", kind]),

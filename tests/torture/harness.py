@@ -259,19 +259,23 @@ def make_env(kind: str, nodes: int = 5) -> Env:
             },
         }
         return Env(kind, {"default": entry}, cluster=setup)
-    if kind == "pgserver":
-        # The database backend on a PostgreSQL server of the test's own,
-        # which a fault may pause or kill: it comes back on its data,
-        # recovering from its WAL.
-        from tests.pg_server import ALIAS, PostgresServer
+    if kind in ("pgserver", "mariadbserver"):
+        # The database backend on a PostgreSQL or MariaDB server of the
+        # test's own, which a fault may pause or kill: it comes back on its
+        # data, recovering from its log.
+        from tests.mariadb_server import MariaDBServer
+        from tests.pg_server import PostgresServer
 
+        server_class = PostgresServer if kind == "pgserver" else MariaDBServer
         entry = {
             "BACKEND": "django_distlock.backends.database.DatabaseLockBackend",
             "TTL": 1.0,
-            "OPTIONS": {"DATABASE": ALIAS},
+            "OPTIONS": {"DATABASE": server_class.alias},
         }
-        server = PostgresServer().start()
-        return Env(kind, {"default": entry}, servers=[server], record_db=ALIAS)
+        server = server_class().start()
+        return Env(
+            kind, {"default": entry}, servers=[server], record_db=server_class.alias
+        )
     if kind in ("database", "postgres", "mysql"):
         db = "default" if kind == "database" else kind
         entry = {
@@ -619,7 +623,7 @@ def pause_servers(env: Env, seconds: float = 3.0) -> None:
 def kill_servers(env: Env) -> None:
     """SIGKILL the server and start it again (of Redlock's five, two).
 
-    Redis comes back empty; ZooKeeper and PostgreSQL on their data
+    Redis comes back empty; ZooKeeper, PostgreSQL and MariaDB on their data
     directories.
     """
     victims = env.servers[:2] if env.kind == "redlock" else env.servers

@@ -5,8 +5,9 @@ permit of a limit-3 semaphore, run in spawned worker processes
 (:mod:`.kinds_workers`) while the server is SIGSTOPped for three TTLs, or
 SIGKILLed and started again: single-instance Redis (restarted empty), Redlock
 (a minority of its five nodes), ZooKeeper (restarted on its data) and the
-database backend on a PostgreSQL server of the test's own (``pgserver``:
-restarted on its data, recovering from its WAL); on the PostgreSQL server
+database backend on a PostgreSQL or MariaDB server of the test's own
+(``pgserver``, ``mariadbserver``: restarted on its data, recovering from
+its log); on the PostgreSQL server
 shared with the rest of the suite the fault is ``pg_terminate_backend``, as
 in ``test_databases``.
 Redlock offers no semaphores (docs/backends/redlock.md), so it runs the
@@ -312,7 +313,8 @@ def terminate_backends(env: Env, seconds: float = 2.0) -> int:
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 @pytest.mark.parametrize(
-    "kind", kinds_backends("redis", "redlock", "zookeeper", "pgserver")
+    "kind",
+    kinds_backends("redis", "redlock", "zookeeper", "pgserver", "mariadbserver"),
 )
 def test_readers_and_writers(kinds_env, kind, fault, tmp_path):
     """Readers and writers of one lock, the server paused or killed.
@@ -338,7 +340,9 @@ def test_readers_and_writers(kinds_env, kind, fault, tmp_path):
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("kind", kinds_backends("redis", "zookeeper", "pgserver"))
+@pytest.mark.parametrize(
+    "kind", kinds_backends("redis", "zookeeper", "pgserver", "mariadbserver")
+)
 def test_semaphore(kinds_env, kind, fault, tmp_path):
     """Five workers on a limit-3 semaphore, the server paused or killed.
 

@@ -43,10 +43,11 @@ def test_node_paused_longer_than_ttl(env, kind, tmp_path):
 
 
 @pytest.mark.parametrize("fault", ["killed", "paused"])
-@pytest.mark.parametrize("kind", backends("pgserver"))
+@pytest.mark.parametrize("kind", backends("pgserver", "mariadbserver"))
 def test_database_server_killed_or_paused(env, kind, fault, tmp_path):
-    """Every process of the PostgreSQL server SIGKILLed and the server
-    started again on its data, or SIGSTOPped for three TTLs, under load.
+    """Every process of the PostgreSQL or MariaDB server SIGKILLed and the
+    server started again on its data, or SIGSTOPped for three TTLs, under
+    load.
 
     Killed: committed leases survive (the server recovers them from its
     WAL); a release in flight may be lost, which keeps that lock until its
