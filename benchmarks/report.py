@@ -62,6 +62,12 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
                     f"; {s[name].p(50) / afloor:.2f}x the async raw floor, which "
                     f"is {afloor / s[uncontended.FLOOR].p(50):.2f}x the sync floor"
                 )
+                if uncontended.AFLOOR_DEADLINE in s:
+                    deadline = s[uncontended.AFLOOR_DEADLINE].p(50)
+                    detail += (
+                        f"; {s[name].p(50) / deadline:.2f}x that floor with "
+                        "each command under asyncio.timeout"
+                    )
             rows.append(
                 (
                     f"{name}: p50 ≤ {limit:.2f}x {ref}",

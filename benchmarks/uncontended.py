@@ -23,6 +23,7 @@ PRL = "python-redis-lock"
 PRL_RENEW = "python-redis-lock, auto_renewal"
 POTTERY = "pottery Redlock, 1 master"
 AFLOOR = "async raw floor (redis.asyncio)"
+AFLOOR_DEADLINE = "reference: async raw floor, each command under asyncio.timeout"
 APROTO = "reference: async, bare asyncio protocol + hiredis"
 ADISTLOCK = "django_distlock async with lock(), auto_renew off"
 ADISTLOCK_RENEW = "django_distlock async with lock(), auto_renew on"
@@ -109,6 +110,7 @@ def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
     from pottery import Redlock
 
     from django_distlock import lock
+    from django_distlock.backends.redis.client import async_timeout
 
     client = redis.Redis.from_url(url)
     aclient = aredis.Redis.from_url(url)
@@ -170,6 +172,24 @@ def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
             out.append(clock() - t0)
         return out
 
+    async def afloor_deadline(n):
+        # The floor with the deadline our async commands run under (a paused
+        # server must not hang a call): what scheduling and cancelling one
+        # timer per command costs on the event loop.
+        out = []
+        for _ in range(n):
+            t0 = clock()
+            tok = token()
+            async with async_timeout(3.0):
+                if not await aclient.set(
+                    "bench:u:afloor-deadline", tok, nx=True, px=TTL_MS
+                ):
+                    raise RuntimeError("async floor: key unexpectedly held")
+            async with async_timeout(3.0):
+                await aclient.evalsha(sha, 1, "bench:u:afloor-deadline", tok)
+            out.append(clock() - t0)
+        return out
+
     import redis as _redis
 
     where = _redis.connection.parse_url(url)
@@ -205,6 +225,7 @@ def _runners(url: str, loop: asyncio.AbstractEventLoop) -> dict:
         return lambda n: loop.run_until_complete(batch(n))
 
     runners[AFLOOR] = on_loop(afloor)
+    runners[AFLOOR_DEADLINE] = on_loop(afloor_deadline)
     runners[APROTO] = on_loop(aproto)
     runners[ADISTLOCK] = on_loop(alock("bench:u:adistlock", False))
     runners[ADISTLOCK_RENEW] = on_loop(alock("bench:u:adistlock-renew", True))
