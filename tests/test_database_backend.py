@@ -617,6 +617,8 @@ def test_a_direct_connection_prepares_its_statements(caplog):
             count = raw.execute("SELECT count(*) FROM pg_prepared_statements")
             assert backend._prepared and count.fetchone()[0] > 0
             assert backend.hands_over
+            idle = raw.execute("SHOW idle_in_transaction_session_timeout")
+            assert idle.fetchone()[0] == "3s"  # the session is the server's
         finally:
             locks.reset()
     assert "pooler" not in caplog.text

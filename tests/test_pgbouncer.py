@@ -193,8 +193,13 @@ def test_the_pooler_is_recognised_before_any_statement_is_prepared(pgbouncer, ca
                 with lock("recognised") as held:
                     assert held.fencing_token
                 backend = locks["default"]
-                # As with the setting: no prepared statements, no LISTEN.
+                # As with the setting: no prepared statements, no LISTEN,
+                # and no session setting left on a server connection that
+                # serves other clients' transactions too.
                 assert not backend._prepared and not backend.hands_over
+                cursor = backend._connection().cursor()
+                cursor.execute("SHOW idle_in_transaction_session_timeout")
+                assert cursor.fetchone()[0] == "0"
             finally:
                 locks.reset()
     assert "a pooler answers for the server" in caplog.text

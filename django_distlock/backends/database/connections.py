@@ -142,13 +142,16 @@ class _Connection:
                 # Django sets prepare_threshold=None, which would ignore
                 # prepare=True.
                 raw.prepare_threshold = 5
-                self._cursor = psycopg.Cursor(raw)
+                cursor = psycopg.Cursor(raw)
             else:
                 for name, arity, function in self.functions:
                     raw.create_function(name, arity, function)
-                self._cursor = raw.cursor()
+                cursor = raw.cursor()
+            # Before the cursor is kept: if this fails, the next call on
+            # this connection runs it again.
             if self.on_connect is not None:
                 self.on_connect(raw)
+            self._cursor = cursor
         return self._cursor
 
     def reset(self) -> None:
@@ -207,7 +210,7 @@ def _set_session(raw: Any, sql: str, params: list) -> None:
         cursor.close()
 
 
-def limit_idle_transactions(vendor: str, pooled: bool) -> Callable[[Any], None] | None:
+def idle_transaction_limiter(vendor: str, pooled: bool) -> Callable[[Any], None] | None:
     """Return what ends a new lock connection's session when it sits idle
     in a transaction (:data:`IDLE_TRANSACTION_TIMEOUT`), or None.
 
@@ -215,11 +218,18 @@ def limit_idle_transactions(vendor: str, pooled: bool) -> Callable[[Any], None] 
     transactions use too, nor on MySQL, which has no such setting.
     """
     if vendor == "postgresql" and not pooled:
-        return lambda raw: _set_session(
-            raw,
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-            [f"{IDLE_TRANSACTION_TIMEOUT}s"],
-        )
+
+        def on_postgresql(raw: Any) -> None:
+            # A pooler nobody declared: its server sessions are not ours.
+            if not _answered_by_a_pooler(raw):
+                _set_session(
+                    raw,
+                    "SELECT set_config('idle_in_transaction_session_timeout', "
+                    "%s, false)",
+                    [f"{IDLE_TRANSACTION_TIMEOUT}s"],
+                )
+
+        return on_postgresql
     if vendor == "mysql":
 
         def on_mariadb(raw: Any) -> None:
@@ -260,8 +270,13 @@ def _answered_by_a_pooler(raw: Any) -> bool:
     pooler a name can stand, on the next session, for another client's
     statement, and one with as many parameters would run in place of ours.
     """
-    (pid,) = raw.execute("SELECT pg_backend_pid()").fetchone()
-    return pid != raw.info.backend_pid
+    cursor = raw.cursor()
+    try:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    finally:
+        cursor.close()
+    return pid != raw.info.backend_pid  # psycopg 3 and psycopg2 alike
 
 
 def driver_without_notifies(connection: Any) -> str | None:
@@ -433,7 +448,7 @@ class ConnectionsMixin:
                     wrapper,
                     self._prepared,
                     self._functions,
-                    limit_idle_transactions(wrapper.vendor, self._pooled),
+                    idle_transaction_limiter(wrapper.vendor, self._pooled),
                 )
             self._local.conn = conn
             self._connections.add(conn)
