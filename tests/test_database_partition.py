@@ -37,7 +37,7 @@ from .mariadb_server import MariaDBServer
 from .pg_server import PostgresServer
 from .procs import run_in_processes
 from .servers import unavailable
-from .test_database_backend import db_locks
+from .test_database_backend import _db_param, db_locks
 
 
 def iptables() -> str:
@@ -107,22 +107,8 @@ def test_a_call_fails_quickly_on_a_server_cut_off(server, tmp_path):
 @pytest.mark.parametrize(
     "alias",
     [
-        pytest.param(
-            "postgres",
-            marks=[
-                pytest.mark.postgres,
-                pytest.mark.django_db(
-                    transaction=True, databases=["default", "postgres"]
-                ),
-            ],
-        ),
-        pytest.param(
-            "mysql",
-            marks=[
-                pytest.mark.mysql,
-                pytest.mark.django_db(transaction=True, databases=["default", "mysql"]),
-            ],
-        ),
+        _db_param("postgres", pytest.mark.postgres),
+        _db_param("mysql", pytest.mark.mysql),
     ],
 )
 def test_a_client_quiet_in_a_transaction_frees_the_name_within_seconds(alias):
