@@ -587,7 +587,7 @@ def test_lock_connections_time_out_unless_options_say(alias, defaults, own):
     """The lock connections' driver timeouts are defaults under the alias's
     OPTIONS: a key the user set wins (tests/test_database_partition.py
     shows what the defaults do)."""
-    from django_distlock.backends.database import connections as module
+    from django_distlock.backends.database import sessions as module
 
     defaults = getattr(module, defaults)
     entry = connections[alias].settings_dict

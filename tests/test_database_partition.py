@@ -28,7 +28,7 @@ import pytest
 from django.test import override_settings
 
 from django_distlock import lock, locks
-from django_distlock.backends.database.connections import (
+from django_distlock.backends.database.sessions import (
     IDLE_TRANSACTION_TIMEOUT,
 )
 

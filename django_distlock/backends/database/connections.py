@@ -20,41 +20,14 @@ from typing import Any
 from ...exceptions import LockBackendError
 from . import bells
 from .dialects import DIALECTS, SHARES, TABLE, Dialect
+from .sessions import (
+    LIBPQ_TIMEOUTS,
+    MYSQL_TIMEOUTS,
+    answered_by_a_pooler,
+    idle_transaction_limiter,
+)
 
 __all__ = ["ConnectionsMixin", "driver_without_notifies", "transaction_pooled"]
-
-#: libpq's connection parameters for the lock connections (PostgreSQL): a
-#: connection attempt gives up after ``connect_timeout`` seconds; sent data
-#: not acknowledged within ``tcp_user_timeout`` ms closes the connection,
-#: and so do keepalive probes unanswered once it has been idle that long
-#: (a statement waiting for its reply included). A live server's machine
-#: answers the probes, however long the statement takes.
-LIBPQ_TIMEOUTS = {
-    "connect_timeout": 2,
-    "keepalives": 1,
-    "keepalives_idle": 2,
-    "keepalives_interval": 1,
-    "keepalives_count": 2,
-    "tcp_user_timeout": 3000,
-}
-
-#: The MySQL/MariaDB driver's parameters for the lock connections (PyMySQL
-#: and mysqlclient take the same): a connection attempt, or a read or write
-#: of a statement, gives up after so many seconds. The longest wait a lock
-#: connection's statement makes in the server is a permit waiter's
-#: ``GET_LOCK`` (a second at most) or a row lock held by a transaction of
-#: another lock connection, which the server ends after
-#: :data:`IDLE_TRANSACTION_TIMEOUT` when its client has gone quiet.
-MYSQL_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 6, "write_timeout": 6}
-#: Seconds a lock connection may sit in a transaction without sending a
-#: statement before the server ends its session, releasing its row locks
-#: (PostgreSQL's ``idle_in_transaction_session_timeout``, MariaDB's
-#: ``idle_transaction_timeout``). An acquisition (MariaDB) or a renewal of
-#: several leases takes a few round trips in one transaction, and a client
-#: that froze or was cut off between two of them would otherwise keep the
-#: names' rows locked, past their leases, until the server noticed: never,
-#: for a frozen process, whose connection stays open.
-IDLE_TRANSACTION_TIMEOUT = 3
 
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
@@ -133,7 +106,7 @@ class _Connection:
         if self._cursor is None or self.wrapper.connection is None:
             self.wrapper.ensure_connection()
             raw = self.wrapper.connection
-            if self.prepared and _answered_by_a_pooler(raw):
+            if self.prepared and answered_by_a_pooler(raw):
                 self.prepared = False
             if self.prepared:
                 import psycopg
@@ -202,48 +175,6 @@ class _SharedConnection(_Connection):
         """Leave Django's connection to Django."""
 
 
-def _set_session(raw: Any, sql: str, params: list) -> None:
-    cursor = raw.cursor()
-    try:
-        cursor.execute(sql, params)
-    finally:
-        cursor.close()
-
-
-def idle_transaction_limiter(vendor: str, pooled: bool) -> Callable[[Any], None] | None:
-    """Return what ends a new lock connection's session when it sits idle
-    in a transaction (:data:`IDLE_TRANSACTION_TIMEOUT`), or None.
-
-    Not behind a transaction pooler, whose server sessions other clients'
-    transactions use too, nor on MySQL, which has no such setting.
-    """
-    if vendor == "postgresql" and not pooled:
-
-        def on_postgresql(raw: Any) -> None:
-            # A pooler nobody declared: its server sessions are not ours.
-            if not _answered_by_a_pooler(raw):
-                _set_session(
-                    raw,
-                    "SELECT set_config('idle_in_transaction_session_timeout', "
-                    "%s, false)",
-                    [f"{IDLE_TRANSACTION_TIMEOUT}s"],
-                )
-
-        return on_postgresql
-    if vendor == "mysql":
-
-        def on_mariadb(raw: Any) -> None:
-            if "mariadb" in raw.get_server_info().lower():
-                _set_session(
-                    raw,
-                    "SET SESSION idle_transaction_timeout = %s",
-                    [IDLE_TRANSACTION_TIMEOUT],
-                )
-
-        return on_mariadb
-    return None
-
-
 def _can_prepare(wrapper: Any) -> bool:
     """Return True if statements on ``wrapper``'s database may be prepared.
 
@@ -256,27 +187,6 @@ def _can_prepare(wrapper: Any) -> bool:
     ):
         return False
     return getattr(wrapper.Database, "__name__", "") == "psycopg"
-
-
-def _answered_by_a_pooler(raw: Any) -> bool:
-    """Return True if a pooler, not the server, answered PostgreSQL
-    connection ``raw``.
-
-    A server gives each connection the process id of its session (with the
-    cancel key). A pooler that hands a client one server session after
-    another has no such id to give, so it makes one up, and the session's
-    own ``pg_backend_pid()`` differs from it. psycopg names its prepared
-    statements by each connection's order of first use: behind such a
-    pooler a name can stand, on the next session, for another client's
-    statement, and one with as many parameters would run in place of ours.
-    """
-    cursor = raw.cursor()
-    try:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    finally:
-        cursor.close()
-    return pid != raw.info.backend_pid  # psycopg 3 and psycopg2 alike
 
 
 def driver_without_notifies(connection: Any) -> str | None:
