@@ -102,6 +102,7 @@ DATABASES = {
     "crashable": CRASHABLE,
     "crashable_mysql": CRASHABLE_MYSQL,
 }
+DATABASE_ROUTERS = ["tests.routers.OwnServersRouter"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
