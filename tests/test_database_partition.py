@@ -10,8 +10,8 @@ a quarter of an hour.
 
 The other side: a client that goes quiet in the middle of a transaction
 (frozen, or cut off) must not keep the name's row locked for everyone
-else. MariaDB's acquisitions, and a renewal of several leases anywhere,
-take a few round trips in one transaction, and the server ends a lock
+else. MariaDB's shared and permit acquisitions, and a renewal of several
+leases anywhere, take a few round trips in one transaction, and the server ends a lock
 connection's session once it has sat idle in one for a few seconds.
 """
 

@@ -44,11 +44,11 @@ MYSQL_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 6, "write_timeout": 6}
 #: Seconds a lock connection may sit in a transaction without sending a
 #: statement before the server ends its session, releasing its row locks
 #: (PostgreSQL's ``idle_in_transaction_session_timeout``, MariaDB's
-#: ``idle_transaction_timeout``). An acquisition (MariaDB) or a renewal of
-#: several leases takes a few round trips in one transaction, and a client
-#: that froze or was cut off between two of them would otherwise keep the
-#: names' rows locked, past their leases, until the server noticed: never,
-#: for a frozen process, whose connection stays open.
+#: ``idle_transaction_timeout``). A shared or permit acquisition (MariaDB)
+#: or a renewal of several leases takes a few round trips in one
+#: transaction, and a client that froze or was cut off between two of them
+#: would otherwise keep the names' rows locked, past their leases, until the
+#: server noticed: never, for a frozen process, whose connection stays open.
 IDLE_TRANSACTION_TIMEOUT = 3
 
 
