@@ -20,12 +20,7 @@ from typing import Any
 from ...exceptions import LockBackendError
 from . import bells
 from .dialects import DIALECTS, SHARES, TABLE, Dialect
-from .sessions import (
-    LIBPQ_TIMEOUTS,
-    MYSQL_TIMEOUTS,
-    answered_by_a_pooler,
-    idle_transaction_limiter,
-)
+from .sessions import LIBPQ_TIMEOUTS, MYSQL_TIMEOUTS, idle_transaction_limiter
 
 __all__ = ["ConnectionsMixin", "driver_without_notifies", "transaction_pooled"]
 
@@ -106,7 +101,15 @@ class _Connection:
         if self._cursor is None or self.wrapper.connection is None:
             self.wrapper.ensure_connection()
             raw = self.wrapper.connection
-            if self.prepared and answered_by_a_pooler(raw):
+            # What belongs to a server session (prepared statements, the
+            # session's settings) is left out where a pooler answers: one
+            # look, for both.
+            own_session = True
+            if self.wrapper.vendor == "postgresql" and (
+                self.prepared or self.on_connect is not None
+            ):
+                own_session = not _answered_by_a_pooler(raw)
+            if not own_session:
                 self.prepared = False
             if self.prepared:
                 import psycopg
@@ -122,7 +125,7 @@ class _Connection:
                 cursor = raw.cursor()
             # Before the cursor is kept: if this fails, the next call on
             # this connection runs it again.
-            if self.on_connect is not None:
+            if self.on_connect is not None and own_session:
                 self.on_connect(raw)
             self._cursor = cursor
         return self._cursor
@@ -187,6 +190,27 @@ def _can_prepare(wrapper: Any) -> bool:
     ):
         return False
     return getattr(wrapper.Database, "__name__", "") == "psycopg"
+
+
+def _answered_by_a_pooler(raw: Any) -> bool:
+    """Return True if a pooler, not the server, answered PostgreSQL
+    connection ``raw``.
+
+    A server gives each connection the process id of its session (with the
+    cancel key). A pooler that hands a client one server session after
+    another has no such id to give, so it makes one up, and the session's
+    own ``pg_backend_pid()`` differs from it. psycopg names its prepared
+    statements by each connection's order of first use: behind such a
+    pooler a name can stand, on the next session, for another client's
+    statement, and one with as many parameters would run in place of ours.
+    """
+    cursor = raw.cursor()
+    try:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    finally:
+        cursor.close()
+    return pid != raw.info.backend_pid  # psycopg 3 and psycopg2 alike
 
 
 def driver_without_notifies(connection: Any) -> str | None:

@@ -14,7 +14,6 @@ __all__ = [
     "IDLE_TRANSACTION_TIMEOUT",
     "LIBPQ_TIMEOUTS",
     "MYSQL_TIMEOUTS",
-    "answered_by_a_pooler",
     "idle_transaction_limiter",
 ]
 
@@ -52,27 +51,6 @@ MYSQL_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 6, "write_timeout": 6}
 IDLE_TRANSACTION_TIMEOUT = 3
 
 
-def answered_by_a_pooler(raw: Any) -> bool:
-    """Return True if a pooler, not the server, answered PostgreSQL
-    connection ``raw``.
-
-    A server gives each connection the process id of its session (with the
-    cancel key). A pooler that hands a client one server session after
-    another has no such id to give, so it makes one up, and the session's
-    own ``pg_backend_pid()`` differs from it. psycopg names its prepared
-    statements by each connection's order of first use: behind such a
-    pooler a name can stand, on the next session, for another client's
-    statement, and one with as many parameters would run in place of ours.
-    """
-    cursor = raw.cursor()
-    try:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    finally:
-        cursor.close()
-    return pid != raw.info.backend_pid  # psycopg 3 and psycopg2 alike
-
-
 def _set_session(raw: Any, sql: str, params: list) -> None:
     cursor = raw.cursor()
     try:
@@ -86,21 +64,16 @@ def idle_transaction_limiter(vendor: str, pooled: bool) -> Callable[[Any], None]
     in a transaction (:data:`IDLE_TRANSACTION_TIMEOUT`), or None.
 
     Not behind a transaction pooler, whose server sessions other clients'
-    transactions use too, nor on MySQL, which has no such setting.
+    transactions use too, nor on MySQL, which has no such setting. (A
+    PostgreSQL connection that a pooler nobody declared answers is not given
+    it either: the connection looks first, see ``_Connection.cursor``.)
     """
     if vendor == "postgresql" and not pooled:
-
-        def on_postgresql(raw: Any) -> None:
-            # A pooler nobody declared: its server sessions are not ours.
-            if not answered_by_a_pooler(raw):
-                _set_session(
-                    raw,
-                    "SELECT set_config('idle_in_transaction_session_timeout', "
-                    "%s, false)",
-                    [f"{IDLE_TRANSACTION_TIMEOUT}s"],
-                )
-
-        return on_postgresql
+        return lambda raw: _set_session(
+            raw,
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            [f"{IDLE_TRANSACTION_TIMEOUT}s"],
+        )
     if vendor == "mysql":
 
         def on_mariadb(raw: Any) -> None:
