@@ -12,10 +12,11 @@ import shutil
 import subprocess
 
 from .db_servers import OwnServer
+from .routers import OWN_SERVERS
 from .servers import unavailable
 
 ALIAS = "crashable_mysql"
-PORT_VARIABLE = "DISTLOCK_CRASHABLE_MYSQL_PORT"
+PORT_VARIABLE = OWN_SERVERS[ALIAS]
 
 
 class MariaDBServer(OwnServer):

@@ -14,10 +14,11 @@ import shutil
 import subprocess
 
 from .db_servers import OwnServer, _stat
+from .routers import OWN_SERVERS
 from .servers import unavailable
 
 ALIAS = "crashable"
-PORT_VARIABLE = "DISTLOCK_CRASHABLE_PORT"
+PORT_VARIABLE = OWN_SERVERS[ALIAS]
 
 
 def postgres_bindir() -> str | None:

@@ -85,9 +85,9 @@ CRASHABLE = {
     "PORT": os.environ.get("DISTLOCK_CRASHABLE_PORT", "6434"),
     "TEST": {"NAME": f"test_distlock{SUFFIX}", "MIRROR": "postgres"},
 }
-# A MariaDB server of a test's own, which tests/mariadb_server.py starts for
-# the partition tests (it sets the port at run time, and creates the test
-# database's name there).
+# A MariaDB server of a test's own, which tests/mariadb_server.py starts,
+# kills, pauses and restarts for the crash, partition and torture tests (it
+# sets the port at run time, and creates the test database's name there).
 CRASHABLE_MYSQL = {
     **MYSQL,
     "PORT": os.environ.get("DISTLOCK_CRASHABLE_MYSQL_PORT", "3307"),

@@ -7,9 +7,8 @@ SIGKILLed and started again: single-instance Redis (restarted empty), Redlock
 (a minority of its five nodes), ZooKeeper (restarted on its data) and the
 database backend on a PostgreSQL or MariaDB server of the test's own
 (``pgserver``, ``mariadbserver``: restarted on its data, recovering from
-its log); on the PostgreSQL server
-shared with the rest of the suite the fault is ``pg_terminate_backend``, as
-in ``test_databases``.
+its log); on the PostgreSQL server shared with the rest of the suite the
+fault is ``pg_terminate_backend``, as in ``test_databases``.
 Redlock offers no semaphores (docs/backends/redlock.md), so it runs the
 readers-writer scenarios only.
 
