@@ -28,6 +28,7 @@ from django_distlock.backends.database import (
     decode_name,
     encode_name,
 )
+from django_distlock.backends.database.sessions import LIBPQ_TIMEOUTS, MYSQL_TIMEOUTS
 from django_distlock.exceptions import LockBackendError
 from django_distlock.models import LockRecord
 from tests.testapp.models import Product
@@ -579,17 +580,14 @@ def test_statements_prepared_unless_a_pooler_is_declared():
 @pytest.mark.parametrize(
     "alias, defaults, own",
     [
-        ("postgres", "LIBPQ_TIMEOUTS", {"connect_timeout": 30}),
-        ("mysql", "MYSQL_TIMEOUTS", {"read_timeout": 60}),
+        ("postgres", LIBPQ_TIMEOUTS, {"connect_timeout": 30}),
+        ("mysql", MYSQL_TIMEOUTS, {"read_timeout": 60}),
     ],
 )
 def test_lock_connections_time_out_unless_options_say(alias, defaults, own):
     """The lock connections' driver timeouts are defaults under the alias's
     OPTIONS: a key the user set wins (tests/test_database_partition.py
     shows what the defaults do)."""
-    from django_distlock.backends.database import sessions as module
-
-    defaults = getattr(module, defaults)
     entry = connections[alias].settings_dict
     with override_settings(LOCKS=db_locks(alias)):
         try:

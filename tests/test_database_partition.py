@@ -11,8 +11,9 @@ a quarter of an hour.
 The other side: a client that goes quiet in the middle of a transaction
 (frozen, or cut off) must not keep the name's row locked for everyone
 else. MariaDB's shared and permit acquisitions, and a renewal of several
-leases anywhere, take a few round trips in one transaction, and the server ends a lock
-connection's session once it has sat idle in one for a few seconds.
+leases anywhere, take a few round trips in one transaction, and the server
+ends a lock connection's session once it has sat idle in one for a few
+seconds.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ import pytest
 from django.test import override_settings
 
 from django_distlock import lock, locks
-from django_distlock.backends.database.sessions import (
-    IDLE_TRANSACTION_TIMEOUT,
-)
+from django_distlock.backends.database.sessions import IDLE_TRANSACTION_TIMEOUT
 
 from .crash_workers import across_partition, take_within
 from .mariadb_server import MariaDBServer
@@ -117,8 +116,9 @@ def test_a_client_quiet_in_a_transaction_frees_the_name_within_seconds(alias):
         with lock(name, auto_renew=False):
             pass  # the name's row exists
         # What a transaction of a lock connection holds when its client
-        # freezes or is cut off between two of its statements (an
-        # acquisition on MariaDB, a renewal of several leases): row locks.
+        # freezes or is cut off between two of its statements (a shared or
+        # permit acquisition on MariaDB, a renewal of several leases): row
+        # locks.
         quiet = locks["default"]._connection()
         cursor = quiet.cursor()
         try:
