@@ -17,6 +17,7 @@ from ..options import Choice, DatabaseAlias, Seconds
 from ..steps import StepsBackend
 from .checks import DEFAULT_MAX_BACKOFF, check_database
 from .connections import ConnectionsMixin
+from .deadlines import LISTING_DEADLINE
 from .dialects import Dialect
 from .names import decode_name, encode_name, record_digest
 from .shares import SharesMixin
@@ -440,7 +441,9 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         yield from self._share_holders(prefix)
 
     def _exclusive_holders(self, prefix: str) -> Iterator[Holder]:
-        rows = self._call("list locks", self._holder_rows, prefix)
+        rows = self._call(
+            "list locks", self._holder_rows, prefix, deadline=LISTING_DEADLINE
+        )
         when = datetime.fromtimestamp
         utc = timezone.utc
         for name, token, host, pid, thread, acquired, expires, fence in rows:
@@ -521,4 +524,6 @@ class DatabaseLockBackend(SharesMixin, WaitingMixin, ConnectionsMixin, StepsBack
         fencing tokens of a name never go back when its row is re-created.
         Expired shared leases, permits and waiters' places go too.
         """
-        return self._call("clear stale locks", self._clear_stale_once)
+        return self._call(
+            "clear stale locks", self._clear_stale_once, deadline=LISTING_DEADLINE
+        )

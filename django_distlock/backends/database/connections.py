@@ -19,6 +19,7 @@ from typing import Any
 
 from ...exceptions import LockBackendError
 from . import bells
+from .deadlines import DEADLINES, STATEMENT_DEADLINE
 from .dialects import DIALECTS, SHARES, TABLE, Dialect
 from .sessions import LIBPQ_TIMEOUTS, MYSQL_TIMEOUTS, idle_transaction_limiter
 
@@ -275,6 +276,8 @@ class ConnectionsMixin:
         self._setup_lock = threading.Lock()
         self._sql: dict[str, str] | None = None
         self._in_memory = False
+        #: Calls run under a deadline (PostgreSQL: see deadlines.py).
+        self._watched = False
         self._prepared = False
         self._pooled = False
         self._handover = False
@@ -320,6 +323,7 @@ class ConnectionsMixin:
                     utils.InterfaceError,
                 )
             self._in_memory = wrapper.vendor == "sqlite" and wrapper.is_in_memory_db()
+            self._watched = wrapper.vendor == "postgresql"
             self._prepared = _can_prepare(wrapper)
             self._pooled = transaction_pooled(wrapper.vendor, wrapper.settings_dict)
             self._handover = (
@@ -420,21 +424,36 @@ class ConnectionsMixin:
         if keeper is not None:
             keeper.close()
 
-    def _call(self, what: str, func: Callable[..., Any], *args: Any) -> Any:
+    def _call(
+        self,
+        what: str,
+        func: Callable[..., Any],
+        *args: Any,
+        deadline: float = STATEMENT_DEADLINE,
+    ) -> Any:
         """Run ``func(cursor, *args)``; map driver errors to LockBackendError.
 
         A connection found dead (a restarted server, a killed session) is
         reopened and the call tried once more; every statement here is safe
         to repeat, because a retried acquisition recognises its own token.
+        On PostgreSQL a call that has not returned after ``deadline``
+        seconds loses its connection (see :mod:`.deadlines`).
         """
         for attempt in (1, 2):
             conn = self._connection()
             conn.busy.acquire()
+            cut = False
             try:
                 cursor = conn.cursor()
                 if self._prepared and not conn.prepared:
                     self._behind_a_pooler(POOLER_ANSWERS)
-                return func(cursor, *args)
+                if not self._watched:
+                    return func(cursor, *args)
+                key = DEADLINES.start(cursor.connection.fileno(), deadline)
+                try:
+                    return func(cursor, *args)
+                finally:
+                    cut = DEADLINES.end(key)
             except conn.errors as e:
                 if attempt == 1 and self._lost_prepared(e):
                     self._behind_a_pooler(PREPARED_LOST)
@@ -442,7 +461,7 @@ class ConnectionsMixin:
                     continue
                 if attempt == 1 and self._worth_retrying(conn, e):
                     continue
-                raise self._error(e, what) from e
+                raise self._error(e, what, deadline if cut else None) from e
             finally:
                 conn.busy.release()
                 if conn.close_when_done:  # closed by another thread meanwhile
@@ -491,8 +510,12 @@ class ConnectionsMixin:
         conn.reset()
         return True
 
-    def _error(self, exc: Exception, what: str) -> LockBackendError:
+    def _error(
+        self, exc: Exception, what: str, cut_after: float | None = None
+    ) -> LockBackendError:
         message = str(exc).strip()
+        if cut_after is not None:
+            message = f"no answer within {cut_after:g} s ({message})"
         hint = ""
         if any(t in message.lower() for t in ("lockrecord", "lockshare", "distlock_")):
             hint = " (has `manage.py migrate` been run on that database?)"

@@ -37,6 +37,7 @@ from ...exceptions import LockBackendError
 from ..base import Holder, Lease
 from ..kinds import SHARED, Kind, limit_mismatch, permit
 from .bells import rings
+from .deadlines import LISTING_DEADLINE
 from .dialects import PERMITS_MARK, SHARED_MARK
 from .names import decode_name, encode_name
 from .waiting import _channel
@@ -555,7 +556,9 @@ class SharesMixin:
         return list(cursor.fetchall())
 
     def _share_holders(self, prefix: str) -> Iterator[Holder]:
-        rows = self._call("list locks", self._share_rows, prefix)
+        rows = self._call(
+            "list locks", self._share_rows, prefix, deadline=LISTING_DEADLINE
+        )
         when = datetime.fromtimestamp
         utc = timezone.utc
         for row in rows:

@@ -25,6 +25,7 @@ from ..handoff import Handoff
 from ..indoubt import InDoubt
 from ..kinds import EXCLUSIVE, Kind
 from .bells import Bells
+from .deadlines import STATEMENT_DEADLINE
 
 __all__ = ["WaitingMixin"]
 
@@ -293,7 +294,13 @@ class WaitingMixin:
                         break
                     if hint:
                         wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
-                        self._call("wait", self._wait_notified, channels, wait)
+                        self._call(
+                            "wait",
+                            self._wait_notified,
+                            channels,
+                            wait,
+                            deadline=STATEMENT_DEADLINE + wait,
+                        )
             finally:
                 try:
                     self._call("stop listening", self._unlisten, channels)
@@ -344,7 +351,13 @@ class WaitingMixin:
                 break
             wait = min(hint + 0.001, left, NOTIFY_SAFETY_WAIT)
             if handed:
-                fence = self._call("wait", self._wait_handed, token, wait)
+                fence = self._call(
+                    "wait",
+                    self._wait_handed,
+                    token,
+                    wait,
+                    deadline=STATEMENT_DEADLINE + wait,
+                )
             elif bells is not None:
                 fence = self._wait_rung(bells, token, wait)
             else:
