@@ -18,6 +18,7 @@ seconds.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 
 from django_distlock import lock, locks
@@ -121,6 +123,43 @@ def test_a_call_fails_quickly_on_a_server_cut_off_or_stopped(server, fault, tmp_
     assert seconds < 2 * STATEMENT_DEADLINE + 3, (
         f"the release took {seconds:.1f} s to fail"
     )
+
+
+@pytest.mark.postgres
+def test_a_listing_on_a_stopped_server_says_so_and_exits_1(
+    monkeypatch, django_db_blocker
+):
+    """``locks list`` never says "no locks" for a server that stopped
+    answering; it says which backend it could not read, after the listing's
+    deadline (shortened here) and one reconnection attempt."""
+    from django_distlock.backends.database import backend, shares
+
+    for module in (backend, shares):
+        monkeypatch.setattr(module, "LISTING_DEADLINE", 1.0)
+    server = PostgresServer().start()
+    try:
+        # The server's database is the test's own, outside pytest-django's.
+        with (
+            django_db_blocker.unblock(),
+            override_settings(LOCKS=db_locks(server.alias)),
+        ):
+            held = lock("partition:listed while stopped", ttl=60, auto_renew=False)
+            held.acquire()  # the connection is open before the server stops
+            out, err = io.StringIO(), io.StringIO()
+            with stopped(server):
+                started = time.monotonic()
+                with pytest.raises(SystemExit) as exit_info:
+                    call_command("locks", "list", stdout=out, stderr=err)
+                seconds = time.monotonic() - started
+            held.release()
+            locks.reset()
+    finally:
+        server.stop()
+    assert exit_info.value.code == 1
+    assert "No locks" not in out.getvalue()
+    assert "Backend 'default' could not be read: " in err.getvalue()
+    assert "no answer within 1 s; then: " in err.getvalue()
+    assert seconds < 1.0 + 5, f"the listing took {seconds:.1f} s to fail"
 
 
 @pytest.mark.parametrize(

@@ -439,10 +439,10 @@ class ConnectionsMixin:
         On PostgreSQL a call that has not returned after ``deadline``
         seconds loses its connection (see :mod:`.deadlines`).
         """
+        cut = False
         for attempt in (1, 2):
             conn = self._connection()
             conn.busy.acquire()
-            cut = False
             try:
                 cursor = conn.cursor()
                 if self._prepared and not conn.prepared:
@@ -461,6 +461,7 @@ class ConnectionsMixin:
                     continue
                 if attempt == 1 and self._worth_retrying(conn, e):
                     continue
+                # A cut call says so, if its retry failed too (to reconnect).
                 raise self._error(e, what, deadline if cut else None) from e
             finally:
                 conn.busy.release()
@@ -515,7 +516,7 @@ class ConnectionsMixin:
     ) -> LockBackendError:
         message = str(exc).strip()
         if cut_after is not None:
-            message = f"no answer within {cut_after:g} s ({message})"
+            message = f"no answer within {cut_after:g} s; then: {message}"
         hint = ""
         if any(t in message.lower() for t in ("lockrecord", "lockshare", "distlock_")):
             hint = " (has `manage.py migrate` been run on that database?)"
