@@ -153,12 +153,17 @@ def missing_table(backend: BaseLockBackend, error: Exception) -> None:
     A database backend whose lock table does not exist fails every call with
     a LockBackendError, which a view answers ``503 Service Unavailable``:
     it looks like an outage, and waiting will not mend it. Called with that
-    error (only then: it asks the database for its tables); returns if the
-    table is there.
+    error; asks the database for its tables only if the driver's error names
+    the backend's tables (not when the server could not be reached: the
+    probe, on Django's own connection, would wait for it without the lock
+    connections' timeouts). Returns if the table is there.
     """
     from .backends.database import DatabaseLockBackend
+    from .backends.database.connections import names_lock_tables
 
     if not isinstance(backend, DatabaseLockBackend):
+        return
+    if error.__cause__ is None or not names_lock_tables(str(error.__cause__)):
         return
     from django.db import connections
 

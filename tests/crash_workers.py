@@ -95,10 +95,12 @@ def take_within(name: str, timeout: float) -> float:
         return time.monotonic() - started
 
 
-def across_partition(name: str, ready: str, go: str) -> tuple[str, float]:
+def across_partition(
+    name: str, ready: str, go: str, call: str = "release"
+) -> tuple[str, float]:
     """Worker: hold ``name``, then, once ``go`` exists (the parent has cut
-    the server off), release it. Return what the release raised and how long
-    it took."""
+    the server off), release it, or (``call="acquire"``) try for another
+    name. Return what the call raised and how long it took."""
     from pathlib import Path
 
     from django_distlock import lock
@@ -112,7 +114,10 @@ def across_partition(name: str, ready: str, go: str) -> tuple[str, float]:
         time.sleep(0.01)
     started = time.monotonic()
     try:
-        held.release()
+        if call == "acquire":
+            lock(name + ":another", ttl=30, timeout=0, auto_renew=False).acquire()
+        else:
+            held.release()
     except Exception as e:  # noqa: BLE001 - returned to the test
         return type(e).__name__, time.monotonic() - started
     return "nothing", time.monotonic() - started

@@ -23,7 +23,12 @@ from .deadlines import DEADLINES, STATEMENT_DEADLINE
 from .dialects import DIALECTS, SHARES, TABLE, Dialect
 from .sessions import LIBPQ_TIMEOUTS, MYSQL_TIMEOUTS, idle_transaction_limiter
 
-__all__ = ["ConnectionsMixin", "driver_without_notifies", "transaction_pooled"]
+__all__ = [
+    "ConnectionsMixin",
+    "driver_without_notifies",
+    "names_lock_tables",
+    "transaction_pooled",
+]
 
 #: MySQL/MariaDB errors worth one retry: lock wait timeout, deadlock.
 MYSQL_RETRY_CODES = {1205, 1213}
@@ -58,6 +63,9 @@ class _Connection:
 
     #: Whether its statements are prepared (PostgreSQL, psycopg 3).
     prepared = False
+    #: The server process of its own session (PostgreSQL, no pooler in
+    #: between), else None.
+    session: int | None = None
 
     def __init__(
         self,
@@ -106,10 +114,13 @@ class _Connection:
             # session's settings) is left out where a pooler answers: one
             # look, for both.
             own_session = True
+            self.session = None
             if self.wrapper.vendor == "postgresql" and (
                 self.prepared or self.on_connect is not None
             ):
                 own_session = not _answered_by_a_pooler(raw)
+                if own_session:
+                    self.session = raw.info.backend_pid
             if not own_session:
                 self.prepared = False
             if self.prepared:
@@ -238,6 +249,13 @@ def transaction_pooled(vendor: str, settings_dict: dict[str, Any]) -> bool:
     return vendor == "postgresql" and bool(
         settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
     )
+
+
+def names_lock_tables(message: str) -> bool:
+    """Return True if a driver's error ``message`` names the backend's tables
+    or functions: what a database that was not migrated answers."""
+    message = message.lower()
+    return any(t in message for t in ("lockrecord", "lockshare", "distlock_"))
 
 
 def _django_db_error() -> type[Exception]:
@@ -437,12 +455,13 @@ class ConnectionsMixin:
         reopened and the call tried once more; every statement here is safe
         to repeat, because a retried acquisition recognises its own token.
         On PostgreSQL a call that has not returned after ``deadline``
-        seconds loses its connection (see :mod:`.deadlines`).
+        seconds loses its connection (see :mod:`.deadlines`) and fails.
         """
-        cut = False
+        self._local.cut_session = None
         for attempt in (1, 2):
             conn = self._connection()
             conn.busy.acquire()
+            cut = False
             try:
                 cursor = conn.cursor()
                 if self._prepared and not conn.prepared:
@@ -459,10 +478,18 @@ class ConnectionsMixin:
                     self._behind_a_pooler(PREPARED_LOST)
                     conn.reset()
                     continue
+                if cut:
+                    # The server took the call and went quiet while its
+                    # machine kept the connection alive: a stopped or
+                    # stalled server, which a new connection would wait for
+                    # too. Its process may still run the call when it goes
+                    # on (see WaitingMixin._cancel_in_doubt).
+                    self._local.cut_session = conn.session
+                    conn.reset()
+                    raise self._error(e, what, deadline) from e
                 if attempt == 1 and self._worth_retrying(conn, e):
                     continue
-                # A cut call says so, if its retry failed too (to reconnect).
-                raise self._error(e, what, deadline if cut else None) from e
+                raise self._error(e, what) from e
             finally:
                 conn.busy.release()
                 if conn.close_when_done:  # closed by another thread meanwhile
@@ -516,9 +543,9 @@ class ConnectionsMixin:
     ) -> LockBackendError:
         message = str(exc).strip()
         if cut_after is not None:
-            message = f"no answer within {cut_after:g} s; then: {message}"
+            message = f"no answer within {cut_after:g} s ({message})"
         hint = ""
-        if any(t in message.lower() for t in ("lockrecord", "lockshare", "distlock_")):
+        if names_lock_tables(message):
             hint = " (has `manage.py migrate` been run on that database?)"
         elif "database is locked" in message:
             hint = (

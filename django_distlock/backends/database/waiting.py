@@ -36,6 +36,10 @@ MIN_BACKOFF = 0.001
 #: Longest wait for a notification before trying again anyway, seconds: it
 #: bounds the delay after a release by a process that does not notify.
 NOTIFY_SAFETY_WAIT = 1.0
+#: Seconds the cancel of an acquisition that its deadline cut is tried for,
+#: while the server process that had it lives on: a server stopped longer
+#: than that, then resumed, would grant a lease that nobody holds.
+SESSION_WATCH = 3600.0
 #: MariaDB's error of a statement cut short by KILL QUERY.
 ER_QUERY_INTERRUPTED = 1317
 #: The polling loop as a generator of ``(kind, argument)`` steps, carried out
@@ -503,7 +507,10 @@ class WaitingMixin:
         except LockBackendError as e:
             if isinstance(e.__cause__, self._in_doubt_errors):
                 _name, digest, token, ttl = args[:4]
-                self._cancel_in_doubt(digest, token, ttl)
+                # The server process that still has the call, if its
+                # deadline cut it.
+                session = self._local.cut_session
+                self._cancel_in_doubt(digest, token, ttl, session)
             raise
 
     @cached_property
@@ -511,18 +518,28 @@ class WaitingMixin:
         """Return the canceller of this backend's in-doubt acquisitions."""
         return InDoubt(f"database-{self.alias}", self._cancel_pending)
 
-    def _cancel_in_doubt(self, digest: str, token: str, ttl: float) -> None:
+    def _cancel_in_doubt(
+        self, digest: str, token: str, ttl: float, session: int | None = None
+    ) -> None:
         """Drop the grant of ``token``, if there is one, in the background.
 
         The backend's canceller thread tries it again until the database
-        answers, or until the grant would have expired anyway.
+        answers, or until the grant would have expired anyway. A call that
+        its deadline cut is still in server process ``session``'s hands,
+        which may run it when it goes on (a stopped server, resumed), after
+        any cancel: that cancel is tried again until the process has gone,
+        for up to :data:`SESSION_WATCH` seconds.
         """
-        self.in_doubt.add((digest, token), ttl)
+        lasts = ttl if session is None else SESSION_WATCH
+        self.in_doubt.add((digest, token, session), lasts)
 
-    def _cancel_pending(self, items: list[tuple[str, str]]) -> list[bool]:
+    def _cancel_pending(self, items: list[tuple[str, str, int | None]]) -> list[bool]:
         done = []
-        for digest, token in items:
+        for digest, token, session in items:
             try:
+                gone = session is None or not self._call(
+                    "cancel", self._session_alive, session
+                )
                 if self._call("cancel", self._drop_any_once, digest, token):
                     release_log.info(
                         "Cancelled an acquisition whose reply was lost "
@@ -532,8 +549,13 @@ class WaitingMixin:
             except LockBackendError:
                 done.append(False)
             else:
-                done.append(True)
+                done.append(gone)
         return done
+
+    @staticmethod
+    def _session_alive(cursor: Any, pid: int) -> bool:
+        cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
+        return bool(cursor.fetchall())
 
     def _give_back(self, digest: str, token: str) -> None:
         """Release a lease that no handle knows about (its task was cancelled)."""
