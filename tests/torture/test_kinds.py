@@ -50,6 +50,22 @@ def _confirmed(section: dict) -> bool:
     return section["rel"] == "ok"
 
 
+def _granted_first(late: dict, section: dict) -> bool:
+    """Whether ``late``, which started during ``section``, was granted before
+    it (see :func:`.history._granted_before`, its exclusive twin): its holder
+    heard of the grant late, its lease lapsed meanwhile (so it reported the
+    loss), and the tokens prove the order. A shared holder's token is the
+    current one and an exclusive grant raises it, so a writer granted before
+    a reader has a token no larger than the reader's, and a reader granted
+    before a writer a smaller one."""
+    a, b = late.get("token"), section.get("token")
+    if _confirmed(late) or not (isinstance(a, int) and isinstance(b, int)):
+        return False
+    if late["mode"] == "exclusive" and section["mode"] == "shared":
+        return a <= b
+    return a < b
+
+
 def _most_at_once(sections: list[dict]) -> int:
     """Return the largest number of ``sections`` inside at one instant."""
     edges = sorted(
@@ -77,7 +93,9 @@ def check_kinds(
     before an earlier one ended overlaps it; an overlap is a violation only
     if the earlier section's release succeeded (its holder kept the lease
     all along; one whose loss was reported is the fencing case, counted in
-    ``reported_losses``). Counted in ``overlaps``:
+    ``reported_losses``), and the later one's grant did not provably come
+    first (:func:`_granted_first`: a grant heard late). Counted in
+    ``overlaps``:
 
     - readers-writer: every overlapping pair with a writer in it;
     - semaphore: every section that started while ``limit`` earlier
@@ -122,6 +140,8 @@ def check_kinds(
                     )
                 continue
             for earlier in inside:
+                if _granted_first(later, earlier):
+                    continue
                 if "exclusive" in (earlier["mode"], later["mode"]):
                     verdict.overlaps += 1
                     verdict.notes.append(
@@ -444,6 +464,26 @@ def test_oracle_readers_and_writers():
         fault_end=None,
     )
     assert (bad.overlaps, bad.token_regressions) == (2, 1)
+
+
+def test_oracle_a_grant_heard_late():
+    """A holder that heard of its grant only after its lease lapsed (a server
+    stopped between the grant and the reply) reports the loss; if its token
+    proves the grant came first, the other section's start inside it is no
+    overlap, in either order of reader and writer."""
+
+    def overlaps(events):
+        return check_kinds("t", "b", events, fault_end=None).overlaps
+
+    reader = _cs("r1", "shared", 0, 2, token=5)
+    # The writer was granted fence 5 and lapsed; the reader then took the
+    # name with the current fence, 5. Granted after the reader: 6.
+    assert overlaps([reader, _cs("w1", "exclusive", 1, 3, "LockLost", 5)]) == 0
+    assert overlaps([reader, _cs("w1", "exclusive", 1, 3, "LockLost", 6)]) == 1
+    assert overlaps([reader, _cs("w1", "exclusive", 1, 3, token=5)]) == 1
+    writer = _cs("w1", "exclusive", 0, 2, token=6)
+    assert overlaps([writer, _cs("r1", "shared", 1, 3, "LockLost", 5)]) == 0
+    assert overlaps([writer, _cs("r1", "shared", 1, 3, "LockLost", 6)]) == 1
 
 
 def test_oracle_semaphore():
