@@ -130,10 +130,26 @@ def test_a_call_fails_quickly_on_a_server_cut_off_or_stopped(
     )
 
 
+@pytest.fixture
+def own_postgres(django_db_blocker):
+    """A PostgreSQL server of the test's own, the LOCKS setting on it, and
+    the test process let in (its database is outside pytest-django's)."""
+    server = PostgresServer().start()
+    try:
+        with (
+            django_db_blocker.unblock(),
+            override_settings(LOCKS=db_locks(server.alias)),
+        ):
+            try:
+                yield server
+            finally:
+                locks.reset()
+    finally:
+        server.stop()
+
+
 @pytest.mark.postgres
-def test_a_listing_on_a_stopped_server_says_so_and_exits_1(
-    monkeypatch, django_db_blocker
-):
+def test_a_listing_on_a_stopped_server_says_so_and_exits_1(monkeypatch, own_postgres):
     """``locks list`` never says "no locks" for a server that stopped
     answering; it says which backend it could not read, once the listing's
     deadline (shortened here) has passed."""
@@ -141,25 +157,15 @@ def test_a_listing_on_a_stopped_server_says_so_and_exits_1(
 
     for module in (backend, shares):
         monkeypatch.setattr(module, "LISTING_DEADLINE", 1.0)
-    server = PostgresServer().start()
-    try:
-        # The server's database is the test's own, outside pytest-django's.
-        with (
-            django_db_blocker.unblock(),
-            override_settings(LOCKS=db_locks(server.alias)),
-        ):
-            held = lock("partition:listed while stopped", ttl=60, auto_renew=False)
-            held.acquire()  # the connection is open before the server stops
-            out, err = io.StringIO(), io.StringIO()
-            with stopped(server):
-                started = time.monotonic()
-                with pytest.raises(SystemExit) as exit_info:
-                    call_command("locks", "list", stdout=out, stderr=err)
-                seconds = time.monotonic() - started
-            held.release()
-            locks.reset()
-    finally:
-        server.stop()
+    held = lock("partition:listed while stopped", ttl=60, auto_renew=False)
+    held.acquire()  # the connection is open before the server stops
+    out, err = io.StringIO(), io.StringIO()
+    with stopped(own_postgres):
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as exit_info:
+            call_command("locks", "list", stdout=out, stderr=err)
+        seconds = time.monotonic() - started
+    held.release()
     assert exit_info.value.code == 1
     assert "No locks" not in out.getvalue()
     assert "Backend 'default' could not be read: " in err.getvalue()
@@ -168,37 +174,28 @@ def test_a_listing_on_a_stopped_server_says_so_and_exits_1(
 
 
 @pytest.mark.postgres
-def test_an_acquisition_cut_by_its_deadline_leaves_no_lease_behind(django_db_blocker):
+def test_an_acquisition_cut_by_its_deadline_leaves_no_lease_behind(own_postgres):
     """The stopped server still holds the acquisition's statement, and runs
     it when it goes on: a grant that nobody holds. The acquisition was in
     doubt, and the backend cancels that grant once the server answers, even
     after a stop longer than the grant's TTL."""
     name = "partition:acquired while stopped"
     ttl = 3.0
-    server = PostgresServer().start()
-    try:
-        with (
-            django_db_blocker.unblock(),
-            override_settings(LOCKS=db_locks(server.alias)),
-        ):
-            with lock(name, auto_renew=False):
-                pass  # the name's row exists, the connection is open
-            attempt = lock(name, ttl=ttl, timeout=0, auto_renew=False)
-            with stopped(server):
-                asked = time.monotonic()
-                with pytest.raises(LockBackendError, match="no answer within"):
-                    attempt.acquire()
-                # Stopped well past the grant's TTL from the cut, after which
-                # a cancel that did not wait for the server process to go
-                # would have given up (it tries every 2 s: connect_timeout).
-                resume_at = asked + STATEMENT_DEADLINE + ttl + 4
-                time.sleep(max(0.0, resume_at - time.monotonic()))
-            started = time.monotonic()
-            with lock(name, ttl=10, timeout=30, auto_renew=False):
-                seconds = time.monotonic() - started
-            locks.reset()
-    finally:
-        server.stop()
+    with lock(name, auto_renew=False):
+        pass  # the name's row exists, the connection is open
+    attempt = lock(name, ttl=ttl, timeout=0, auto_renew=False)
+    with stopped(own_postgres):
+        asked = time.monotonic()
+        with pytest.raises(LockBackendError, match="no answer within"):
+            attempt.acquire()
+        # Stopped well past the grant's TTL from the cut, after which a
+        # cancel that did not wait for the server process to go would have
+        # given up (it tries every 2 s: connect_timeout).
+        resume_at = asked + STATEMENT_DEADLINE + ttl + 4
+        time.sleep(max(0.0, resume_at - time.monotonic()))
+    started = time.monotonic()
+    with lock(name, ttl=10, timeout=30, auto_renew=False):
+        seconds = time.monotonic() - started
     # Not the late grant's TTL, which runs from when the server went on.
     assert seconds < ttl / 2, f"the name was taken {seconds:.1f} s later"
 
