@@ -2,11 +2,13 @@
 
 The ``redis.asyncio`` connections have no socket timeout of their own (redis-py
 would start a task per write under one): each command runs under one
-deadline instead, ``asyncio.timeout`` on Python 3.11+ and the
-``async_timeout`` package (a dependency of redis-py there) on 3.10. Against a
-paused (SIGSTOP) redis-server every kind of command must still end as a
-LockBackendError within that deadline, leave no cancellation on the task,
-and leave the client usable once the server runs again.
+deadline instead: an ``asyncio.timeout(None)`` that the loop's ``Watch``
+reschedules to now once the deadline has passed, one timer per loop for all
+the commands in flight (on 3.10, ``async_timeout(seconds)`` of the package
+redis-py depends on there, a timer per command). Against a paused (SIGSTOP)
+redis-server every kind of command must still end as a LockBackendError
+within that deadline, leave no cancellation on the task, and leave the
+client usable once the server runs again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from django.test import override_settings
 
 from django_distlock import LockBackendError, lock, locks
 from django_distlock.backends.redis.client import async_timeout
+from django_distlock.backends.redis.deadlines import SHARED_TIMER, Watch
 
 from .conftest import redis_locks
 from .servers import RedisServer
@@ -64,6 +67,128 @@ def test_the_deadline_is_asyncio_timeout_or_the_async_timeout_package():
         import async_timeout as package
 
         assert async_timeout is package.timeout
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts the timers scheduled on it."""
+
+    timers = 0
+
+    def call_at(self, *args, **kwargs):
+        self.timers += 1
+        return super().call_at(*args, **kwargs)
+
+
+def _on_counting_loop(scenario):
+    loop = CountingLoop()
+    try:
+        return loop.run_until_complete(scenario(loop)), loop.timers
+    finally:
+        loop.close()
+
+
+async def _answered(seconds: float | None = None):
+    """Stand in for a command: answered in the next loop iteration, or
+    after ``seconds``."""
+    if seconds is not None:
+        await asyncio.sleep(seconds)
+        return
+    future = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(future.set_result, None)
+    await future
+
+
+async def _under(watch: Watch, seconds: float | None, command) -> None:
+    timeout = watch.start(seconds)
+    try:
+        async with timeout:
+            await command
+    finally:
+        watch.end(timeout)
+
+
+def test_commands_answered_in_time_share_one_timer():
+    async def scenario(loop):
+        watch = Watch()
+        for _ in range(1000):
+            await _under(watch, 30.0, _answered())
+        return loop.timers
+
+    timers, _ = _on_counting_loop(scenario)
+    if SHARED_TIMER:
+        assert timers == 1  # asyncio.timeout(30) would have scheduled 1,000
+    else:
+        assert timers == 1000  # Python 3.10: a timer per command, as before
+
+
+def test_a_command_past_its_deadline_fails_with_timeout_error():
+    async def scenario(loop):
+        watch = Watch()
+        started = loop.time()
+        with pytest.raises(asyncio.TimeoutError):
+            await _under(watch, 0.05, _answered(10))
+        took = loop.time() - started
+        if sys.version_info >= (3, 11):
+            assert asyncio.current_task().cancelling() == 0
+        await _under(watch, 0.05, _answered())  # the watch goes on
+        return took
+
+    took, _ = _on_counting_loop(scenario)
+    assert 0.05 <= took < 0.05 + SLACK
+
+
+def test_each_command_in_flight_expires_at_its_own_deadline():
+    """A shorter deadline that comes in after a longer one is kept too."""
+
+    async def scenario(loop):
+        watch = Watch()
+        started = loop.time()
+        ended: dict[str, float] = {}
+
+        async def command(name, seconds, runs):
+            try:
+                await _under(watch, seconds, _answered(runs))
+                ended[name] = -1.0  # answered
+            except asyncio.TimeoutError:
+                ended[name] = loop.time() - started
+
+        await asyncio.gather(
+            command("long", 0.6, 10),
+            command("short", 0.1, 10),
+            command("answered", 0.3, 0.05),
+        )
+        return ended
+
+    ended, _ = _on_counting_loop(scenario)
+    assert ended["answered"] == -1.0
+    assert 0.1 <= ended["short"] < 0.1 + SLACK / 2
+    assert 0.6 <= ended["long"] < 0.6 + SLACK
+    assert ended["short"] < ended["long"]
+
+
+def test_a_callers_cancellation_stays_a_cancellation():
+    async def scenario(loop):
+        watch = Watch()
+        task = asyncio.create_task(_under(watch, 5.0, _answered(10)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Nothing left in flight: the timer, when due, does nothing.
+        await _under(watch, 0.05, _answered())
+
+    _on_counting_loop(scenario)
+
+
+def test_no_deadline_schedules_nothing():
+    async def scenario(loop):
+        watch = Watch()
+        for _ in range(10):
+            await _under(watch, None, _answered())
+        return loop.timers
+
+    timers, _ = _on_counting_loop(scenario)
+    assert timers == 0
 
 
 async def _paused(server, call, *, wait: float = 0.0) -> float:

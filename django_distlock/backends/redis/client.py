@@ -29,11 +29,7 @@ from typing import Any
 
 from ..base import current_pid
 from ..scripts import LuaScript
-
-try:
-    from asyncio import timeout as async_timeout
-except ImportError:  # Python 3.10: redis-py depends on async-timeout there
-    from async_timeout import timeout as async_timeout
+from .deadlines import Watch, async_timeout
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -157,10 +153,11 @@ class RedisClients:
 
     def _reset_async(self) -> None:
         # A redis.asyncio client belongs to the loop that opened its
-        # connections: (client, its scripts) per loop, and the last loop's
-        # found without hashing the loop on every command.
+        # connections: (client, its scripts, the deadlines of its commands)
+        # per loop, and the last loop's found without hashing the loop on
+        # every command.
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._alast: tuple[weakref.ref, Any, dict] | None = None
+        self._alast: tuple[weakref.ref, Any, dict, Watch] | None = None
         self._apid = current_pid()
 
     # -- configuration ----------------------------------------------------
@@ -337,9 +334,13 @@ class RedisClients:
         """Return the ``redis.asyncio`` client of the running event loop."""
         return self._aloop()[0]
 
+    def awatch(self) -> Watch:
+        """Return the running loop's watch of command deadlines."""
+        return self._aloop()[2]
+
     def ascript(self, lua: LuaScript):
         """Return the running loop's redis-py ``AsyncScript`` for ``lua``."""
-        client, scripts = self._aloop()
+        client, scripts, _ = self._aloop()
         script = scripts.get(lua.name)
         if script is None:
             script = scripts[lua.name] = client.register_script(lua.source)
@@ -347,7 +348,7 @@ class RedisClients:
 
     async def aevalsha(self, lua: LuaScript, keys, args) -> Any:
         """Async twin of :meth:`evalsha`, on the running loop's client."""
-        client, scripts = self._aloop()
+        client, scripts, _ = self._aloop()
         script = scripts.get(lua.name) or self.ascript(lua)
         try:
             return await self._acommand(
@@ -381,7 +382,7 @@ class RedisClients:
         """Async twin of :meth:`eval_then_pop`."""
         from redis.exceptions import NoScriptError
 
-        client, scripts = self._aloop()
+        client, scripts, _ = self._aloop()
         sha = (scripts.get(lua.name) or self.ascript(lua)).sha
         pool = client.connection_pool
         conn = await pool.get_connection(*_connection_args(pool))
@@ -403,16 +404,16 @@ class RedisClients:
         finally:
             await pool.release(conn)
 
-    def _aloop(self) -> tuple[Any, dict]:
+    def _aloop(self) -> tuple[Any, dict, Watch]:
         loop = asyncio.get_running_loop()
         last = self._alast  # read whole: threads with loops of their own share it
         if last is not None and last[0]() is loop:
-            return last[1], last[2]
+            return last[1], last[2], last[3]
         if self._apid != current_pid():
             self._reset_async()  # forked: the parent's sockets are not ours
         entry = self._aclients.get(loop)
         if entry is None:
-            entry = self._aclients[loop] = (self._new_aclient(), {})
+            entry = self._aclients[loop] = (self._new_aclient(), {}, Watch())
         self._alast = (weakref.ref(loop), *entry)
         return entry
 

@@ -54,6 +54,11 @@ LOOK_AGAIN = (b"0", "0")
 Command = tuple
 
 
+def _longer(deadline: float | None, wait: float) -> float | None:
+    """Return ``deadline`` with room for a blocking wait of ``wait`` seconds."""
+    return None if deadline is None else deadline + wait
+
+
 class RedisLockBackend(
     RedisKinds, RedisKindListing, RedisListing, ReplicaWait, StepsBackend
 ):
@@ -199,43 +204,45 @@ class RedisLockBackend(
 
     async def _aexecute(self, command: Command) -> Any:
         kind = command[0]
-        deadline = self.redis.adeadline
+        redis_ = self.redis
+        deadline = redis_.adeadline
+        if kind == "eval":
+            call = redis_.aevalsha(command[1], command[2], command[3])
+        elif kind == "blpop":
+            deadline = _longer(deadline, command[2])
+            call = redis_.acommand("BLPOP", command[1], command[2])
+        elif kind == "evalpop":
+            deadline = _longer(deadline, command[4])
+            call = redis_.aeval_then_pop(*command[1:])
+        elif kind == "hget":
+            call = redis_.acommand("HGET", command[1], command[2])
+        elif kind == "waited" and self.cluster:
+            # The node of a key, on the sync cluster client (see
+            # _wait_client), in a worker thread.
+            call = asyncio.to_thread(self._waited, command[1])
+            deadline = None
+        elif kind == "waited":
+            if command[1][0] == "blpop":
+                deadline = _longer(deadline, command[1][2])
+            call = self._awaited(command[1])
+        else:
+            raise AssertionError(f"unknown command {kind!r}")
+        watch = redis_.awatch()
+        timeout = watch.start(deadline)
         try:
-            if kind == "eval":
-                async with async_timeout(deadline):
-                    return await self.redis.aevalsha(command[1], command[2], command[3])
-            if kind == "blpop":
-                if deadline is not None:
-                    deadline += command[2]
-                async with async_timeout(deadline):
-                    return await self.redis.acommand("BLPOP", command[1], command[2])
-            if kind == "evalpop":
-                if deadline is not None:
-                    deadline += command[4]
-                async with async_timeout(deadline):
-                    return await self.redis.aeval_then_pop(*command[1:])
-            if kind == "hget":
-                async with async_timeout(deadline):
-                    return await self.redis.acommand("HGET", command[1], command[2])
-            if kind == "waited":
-                if self.cluster:
-                    # The node of a key, on the sync cluster client (see
-                    # _wait_client), in a worker thread.
-                    return await asyncio.to_thread(self._waited, command[1])
-                if deadline is not None and command[1][0] == "blpop":
-                    deadline += command[1][2]
-                async with async_timeout(deadline):
-                    return await self._awaited(command[1])
+            async with timeout:
+                return await call
         except Exception as e:
             import redis
 
             if isinstance(e, redis.exceptions.RedisError):
                 raise self._error(e, kind) from e
             if isinstance(e, asyncio.TimeoutError):  # TimeoutError from 3.11 on
-                timeout = redis.exceptions.TimeoutError("Timeout")
-                raise self._error(timeout, kind) from e
+                error = redis.exceptions.TimeoutError("Timeout")
+                raise self._error(error, kind) from e
             raise
-        raise AssertionError(f"unknown command {kind!r}")
+        finally:
+            watch.end(timeout)
 
     # -- the algorithm, as command generators -----------------------------
 
