@@ -96,6 +96,8 @@ REDIS_SUITE = [
     "tests/test_reentrant.py::TestReentrantContract",
     "tests/test_async.py",
     "tests/test_redis_pipelined_wait.py",
+    # The asyncio deadlines: asyncio.timeout from 3.11, async_timeout on 3.10.
+    "tests/test_redis_deadlines.py",
 ]
 #: Each test of kazoo, Celery, prometheus_client or OpenTelemetry: a real
 #: ZooKeeper (started by the tests, Debian's package: scripts/bootstrap) and
