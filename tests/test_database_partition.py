@@ -52,7 +52,12 @@ def iptables() -> str:
 
 @contextmanager
 def cut_off(port: int):
-    """Drop every loopback packet to and from ``port``, and nothing else."""
+    """Drop every loopback packet to and from ``port``, and nothing else.
+
+    A server of a test's own listens below the ephemeral range
+    (``servers.free_port``), so no client socket of another connection has
+    ``port`` for its own end.
+    """
     binary = iptables()
     rules = [
         ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"],
