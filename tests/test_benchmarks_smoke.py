@@ -42,6 +42,8 @@ def test_quick_benchmark_run_completes(tmp_path):
     report = (tmp_path / "latest.md").read_text()
     assert "## Targets (issue 7)" in report
     assert "crashed" not in report
+    # The async cycle with many tasks on one loop, beside the floor's.
+    assert "tasks on one loop, × the async raw floor the same way" in report
     for section in (
         "## Uncontended",
         "## Four processes",
