@@ -244,6 +244,35 @@ def test_extend_script_and_hget(server, settings_on):
     asyncio.run(scenario())
 
 
+def test_many_commands_in_flight_each_fail_within_their_deadline(server, settings_on):
+    """Twenty tasks' acquisitions on a paused server share the loop's timer:
+    each still fails within its own deadline, none keeps a cancellation, and
+    the names are usable once the server runs again."""
+
+    async def one(i):
+        started = time.monotonic()
+        with pytest.raises(LockBackendError, match="Timeout"):
+            await lock(f"x{i}", timeout=5).aacquire()
+        if sys.version_info >= (3, 11):
+            assert asyncio.current_task().cancelling() == 0
+        return time.monotonic() - started
+
+    async def scenario():
+        await _usable_again()
+        server.pause()
+        try:
+            took = await asyncio.gather(*(one(i) for i in range(20)))
+        finally:
+            server.resume()
+        assert max(took) < DEADLINE + SLACK, took
+        assert min(took) >= SOCKET_TIMEOUT * 0.8, took
+        for i in range(20):
+            async with lock(f"after{i}", timeout=5):
+                pass
+
+    asyncio.run(scenario())
+
+
 def test_blocking_wait_gets_its_wait_on_top_of_the_deadline(server, settings_on):
     """A waiter's BLPOP may take its wait and the deadline, no more."""
 
