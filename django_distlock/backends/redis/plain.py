@@ -206,32 +206,35 @@ class RedisLockBackend(
         kind = command[0]
         redis_ = self.redis
         deadline = redis_.adeadline
-        if kind == "eval":
-            call = redis_.aevalsha(command[1], command[2], command[3])
-        elif kind == "blpop":
-            deadline = _longer(deadline, command[2])
-            call = redis_.acommand("BLPOP", command[1], command[2])
-        elif kind == "evalpop":
-            deadline = _longer(deadline, command[4])
-            call = redis_.aeval_then_pop(*command[1:])
-        elif kind == "hget":
-            call = redis_.acommand("HGET", command[1], command[2])
-        elif kind == "waited" and self.cluster:
-            # The node of a key, on the sync cluster client (see
-            # _wait_client), in a worker thread.
-            call = asyncio.to_thread(self._waited, command[1])
-            deadline = None
-        elif kind == "waited":
-            if command[1][0] == "blpop":
-                deadline = _longer(deadline, command[1][2])
-            call = self._awaited(command[1])
-        else:
-            raise AssertionError(f"unknown command {kind!r}")
-        watch = redis_.awatch()
-        timeout = watch.start(deadline)
         try:
-            async with timeout:
-                return await call
+            watch = redis_.awatch()  # first: every coroutine made below is awaited
+            if kind == "eval":
+                call = redis_.aevalsha(command[1], command[2], command[3])
+            elif kind == "blpop":
+                deadline = _longer(deadline, command[2])
+                call = redis_.acommand("BLPOP", command[1], command[2])
+            elif kind == "evalpop":
+                deadline = _longer(deadline, command[4])
+                call = redis_.aeval_then_pop(*command[1:])
+            elif kind == "hget":
+                call = redis_.acommand("HGET", command[1], command[2])
+            elif kind == "waited" and self.cluster:
+                # The node of a key, on the sync cluster client (see
+                # _wait_client), in a worker thread.
+                call = asyncio.to_thread(self._waited, command[1])
+                deadline = None
+            elif kind == "waited":
+                if command[1][0] == "blpop":
+                    deadline = _longer(deadline, command[1][2])
+                call = self._awaited(command[1])
+            else:
+                raise AssertionError(f"unknown command {kind!r}")
+            timeout = watch.start(deadline)
+            try:
+                async with timeout:
+                    return await call
+            finally:
+                watch.end(timeout)
         except Exception as e:
             import redis
 
@@ -241,8 +244,6 @@ class RedisLockBackend(
                 error = redis.exceptions.TimeoutError("Timeout")
                 raise self._error(error, kind) from e
             raise
-        finally:
-            watch.end(timeout)
 
     # -- the algorithm, as command generators -----------------------------
 
