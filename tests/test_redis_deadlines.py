@@ -180,6 +180,16 @@ def test_a_callers_cancellation_stays_a_cancellation():
     _on_counting_loop(scenario)
 
 
+def test_a_timeout_never_entered_does_not_stop_the_others():
+    async def scenario(loop):
+        watch = Watch()
+        watch.start(0.01)  # a misuse: never entered, never ended
+        with pytest.raises(asyncio.TimeoutError):
+            await _under(watch, 0.05, _answered(10))
+
+    _on_counting_loop(scenario)
+
+
 def test_no_deadline_schedules_nothing():
     async def scenario(loop):
         watch = Watch()

@@ -88,9 +88,14 @@ class Watch:
         for timeout, when in list(self._inflight.items()):
             if when <= now:
                 del self._inflight[timeout]
-                # Cancels the command's task, and its exit from the timeout
-                # turns the cancellation into TimeoutError.
-                timeout.reschedule(now)
+                try:
+                    # Cancels the command's task, and its exit from the
+                    # timeout turns the cancellation into TimeoutError.
+                    timeout.reschedule(now)
+                except RuntimeError:
+                    # Never entered, or left without end(): nothing to
+                    # cancel, and the other commands' deadlines still hold.
+                    pass
             elif when < nearest:
                 nearest = when
         if nearest < _NEVER:
